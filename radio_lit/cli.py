@@ -8,7 +8,10 @@ normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
+from collections.abc import Sequence
 
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
@@ -30,11 +33,21 @@ class RadioLitCLI(LightningCLI):
         )
 
 
-def main() -> None:
+#: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test / predict:
+#: name -> ``"module:function"``; the function takes the arguments after the name.
+SUBCOMMANDS: dict[str, str] = {}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``radio-lit`` console script."""
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch releases deprecate.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    RadioLitCLI()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[args[0]].split(":")
+        getattr(importlib.import_module(module), function)(args[1:])
+        return
+    RadioLitCLI(args=args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,24 @@ _STUDENT_PREFIXES = ("student.", "heads.")
 def _adamw(params: Any) -> torch.optim.Optimizer:
     """The papers' default optimizer settings (AM-RADIO 4: AdamW, LR 1e-3; weight decay 0.02)."""
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.02)
+
+
+@dataclass
+class TeacherMatch:
+    """The student's prediction of one teacher next to that teacher's target.
+
+    Attributes:
+        features: ``[B, H, W, C]`` the feature head's prediction on the loss grid, in the
+            normalizer's target space.
+        target: ``[B, H, W, C]`` the normalized teacher features on the same grid.
+        summary: ``[B, C_s]`` the summary head's prediction, or ``None`` (no summary).
+        summary_target: ``[B, C_s]`` the teacher's summary, or ``None``.
+    """
+
+    features: Tensor
+    target: Tensor
+    summary: Tensor | None = None
+    summary_target: Tensor | None = None
 
 
 def resize_features(features: Tensor, size: tuple[int, int]) -> Tensor:
@@ -300,23 +319,39 @@ class DistillationModule(pl.LightningModule):
             targets[name] = normalizer(features)
         return targets
 
-    def distillation_losses(
+    def match(
         self, crop: Tensor, outputs: Mapping[str, TeacherOutput], targets: Mapping[str, Tensor]
-    ) -> dict[str, Tensor]:
-        """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc."""
+    ) -> dict[str, TeacherMatch]:
+        """The student's prediction of every teacher, paired with that teacher's target.
+
+        Runs the student once on its view of ``crop`` and each teacher's adaptor heads on its
+        tokens; the predicted map is brought to the target's grid.
+        """
         view = teacher_view(crop, self.student_resolution, self.student_mean, self.student_std)
         student = self.student(view)
-        losses: dict[str, Tensor] = {}
+        matches: dict[str, TeacherMatch] = {}
         for name, out in outputs.items():
             heads = self.heads[name]
             target = targets[name]
-            prediction = resize_features(heads.features(student.features), target.shape[1:3])
-            losses[f"{name}/feature_loss"] = self.feature_loss(prediction, target)
+            summary = summary_target = None
             if heads.summary is not None and out.summary is not None:
-                token = student.summary[:, self.summary_token[name]]
-                losses[f"{name}/summary_loss"] = self.summary_loss(
-                    heads.summary(token), out.summary.float()
-                )
+                summary = heads.summary(student.summary[:, self.summary_token[name]])
+                summary_target = out.summary.float()
+            matches[name] = TeacherMatch(
+                features=resize_features(heads.features(student.features), target.shape[1:3]),
+                target=target,
+                summary=summary,
+                summary_target=summary_target,
+            )
+        return matches
+
+    def distillation_losses(self, matches: Mapping[str, TeacherMatch]) -> dict[str, Tensor]:
+        """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc."""
+        losses: dict[str, Tensor] = {}
+        for name, m in matches.items():
+            losses[f"{name}/feature_loss"] = self.feature_loss(m.features, m.target)
+            if m.summary is not None and m.summary_target is not None:
+                losses[f"{name}/summary_loss"] = self.summary_loss(m.summary, m.summary_target)
         return losses
 
     def total_loss(self, losses: Mapping[str, Tensor]) -> Tensor:
@@ -332,7 +367,8 @@ class DistillationModule(pl.LightningModule):
         crop = as_float_images(batch)
         outputs = self.run_teachers(crop)
         targets = self.normalized_targets(outputs)
-        losses = self.distillation_losses(crop, outputs, targets)
+        matches = self.match(crop, outputs, targets)
+        losses = self.distillation_losses(matches)
         loss = self.total_loss(losses)
         if stage == "train" and not self._logs_this_step():
             return loss

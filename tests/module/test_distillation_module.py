@@ -33,7 +33,9 @@ def test_losses_cover_every_teacher_and_skip_sam_summary():
     module = tiny_module()
     crop = torch.rand(2, 3, 96, 96)
     outputs = module.run_teachers(crop)
-    losses = module.distillation_losses(crop, outputs, module.normalized_targets(outputs))
+    losses = module.distillation_losses(
+        module.match(crop, outputs, module.normalized_targets(outputs))
+    )
     assert set(losses) == {
         "clip/feature_loss",
         "clip/summary_loss",
@@ -50,7 +52,7 @@ def test_feature_loss_compares_the_student_map_resized_to_the_teacher_grid():
     outputs = module.run_teachers(crop)
     targets = module.normalized_targets(outputs)
     module.student.eval()  # deterministic CPE for the reference computation
-    losses = module.distillation_losses(crop, outputs, targets)
+    losses = module.distillation_losses(module.match(crop, outputs, targets))
     student = module.student(teacher_view(crop, 64, module.student_mean, module.student_std))
     for name, target in targets.items():
         grid = module.teachers[name].grid_size
