@@ -1,5 +1,26 @@
-"""Losses between student predictions and (normalized) teacher targets."""
+"""Losses between student predictions and (normalized) teacher targets, and the balancers that
+combine the per-teacher terms into one loss."""
 
-from radio_lit.losses.feature import MSE, Cosine, HybridMSE, HybridSmoothL1
+from radio_lit.losses.balancers import (
+    AdaLoss,
+    Balancer,
+    BalancerFactory,
+    TeacherDropping,
+    Uncertainty,
+    Weighted,
+)
+from radio_lit.losses.feature import MSE, Cosine, HybridMSE, HybridSmoothL1, Loss
 
-__all__ = ["MSE", "Cosine", "HybridMSE", "HybridSmoothL1"]
+__all__ = [
+    "MSE",
+    "AdaLoss",
+    "Balancer",
+    "BalancerFactory",
+    "Cosine",
+    "HybridMSE",
+    "HybridSmoothL1",
+    "Loss",
+    "TeacherDropping",
+    "Uncertainty",
+    "Weighted",
+]

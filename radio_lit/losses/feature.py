@@ -1,7 +1,10 @@
 """Feature-matching losses (PHI-S section 2.1, eqs. 1-4; AM-RADIO section 3.4, eqs. 2-3).
 
-Every loss maps a prediction and a target of the same shape ``[..., C]`` to a scalar. The
+Every loss maps a prediction and a target of the same shape ``[B, ..., C]`` to a scalar. The
 cosine term is taken along the last (channel) dimension and averaged over all other positions.
+With ``per_sample=True`` a loss returns one value per image instead, ``[B]`` (the mean over
+that image's positions and channels), for balancers that weigh images separately
+(:class:`~radio_lit.losses.TeacherDropping`); their mean is the scalar loss.
 """
 
 from __future__ import annotations
@@ -19,29 +22,44 @@ def _check_shapes(pred: Tensor, target: Tensor) -> None:
         )
 
 
-class MSE(nn.Module):
+def _per_sample_mean(values: Tensor) -> Tensor:
+    """``[B, ...]`` -> ``[B]``: the mean over everything but the first dim."""
+    return values.reshape(values.shape[0], -1).mean(1)
+
+
+class Loss(nn.Module):
+    """A loss ``loss(pred, target, per_sample=False)``: a scalar, or ``[B]`` per image."""
+
+    def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
+        raise NotImplementedError
+
+
+class MSE(Loss):
     """Mean squared error over all elements (eq. 1): the PHI-S baseline."""
 
-    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+    def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
         _check_shapes(pred, target)
+        if per_sample:
+            return _per_sample_mean(F.mse_loss(pred.float(), target.float(), reduction="none"))
         return F.mse_loss(pred.float(), target.float())
 
 
-class Cosine(nn.Module):
+class Cosine(Loss):
     """Cosine distance ``1 - cos(x, y)`` along the last dim, averaged (eq. 2).
 
     AM-RADIO's summary loss (eq. 2 of that paper).
     """
 
-    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+    def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
         _check_shapes(pred, target)
-        return (1.0 - F.cosine_similarity(pred.float(), target.float(), dim=-1)).mean()
+        distance = 1.0 - F.cosine_similarity(pred.float(), target.float(), dim=-1)
+        return _per_sample_mean(distance) if per_sample else distance.mean()
 
 
-class _Hybrid(nn.Module):
+class _Hybrid(Loss):
     """``beta * cosine + (1 - beta) * magnitude_loss`` (eqs. 3-4)."""
 
-    def __init__(self, magnitude: nn.Module, beta: float) -> None:
+    def __init__(self, magnitude: Loss, beta: float) -> None:
         super().__init__()
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must lie in [0, 1], got {beta}")
@@ -49,15 +67,19 @@ class _Hybrid(nn.Module):
         self.cosine = Cosine()
         self.magnitude = magnitude
 
-    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
-        return self.beta * self.cosine(pred, target) + (1.0 - self.beta) * self.magnitude(
-            pred, target
-        )
+    def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
+        return self.beta * self.cosine(pred, target, per_sample) + (
+            1.0 - self.beta
+        ) * self.magnitude(pred, target, per_sample)
 
 
-class _SmoothL1(nn.Module):
-    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+class _SmoothL1(Loss):
+    def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
         _check_shapes(pred, target)
+        if per_sample:
+            return _per_sample_mean(
+                F.smooth_l1_loss(pred.float(), target.float(), reduction="none")
+            )
         return F.smooth_l1_loss(pred.float(), target.float())
 
 

@@ -1,0 +1,13 @@
+"""Validation and test metrics: teacher-space MSE, fidelity, error-variance ranges, summary
+cosine (PHI-S section 4 and appendix A.9.4; RADIOv2.5 section 4.4)."""
+
+from radio_lit.metrics.distillation import DistillationMetrics, TeacherMetrics
+from radio_lit.metrics.features import ErrorVarianceRange, Fidelity, SummaryCosine
+
+__all__ = [
+    "DistillationMetrics",
+    "ErrorVarianceRange",
+    "Fidelity",
+    "SummaryCosine",
+    "TeacherMetrics",
+]
