@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
-from radio_lit.losses import MSE, Cosine
+from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
+from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import CPEViT, TeacherHeads
 from radio_lit.teachers import Teacher, TeacherOutput
@@ -96,6 +97,9 @@ class DistillationModule(pl.LightningModule):
         feature_weights: per-teacher feature loss weights ``gamma_k`` (default 1).
         summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1; teachers
             without a summary, such as SAM, have none).
+        balancer: combines the weighted loss terms into the step's loss; called with the terms
+            ``{"<teacher>/<term>": weight}`` (``Weighted``: the naive sum, AM-RADIO 3.4.1;
+            ``AdaLoss``, ``Uncertainty``, ``TeacherDropping``: see radio_lit.losses).
         optimizer: builds the optimizer from parameter groups of the student and heads only
             (AdamW, LR 1e-3, weight decay 0.02 by default; e.g. ``timm.optim.Lamb`` for the
             PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay.
@@ -118,6 +122,7 @@ class DistillationModule(pl.LightningModule):
         summary_loss: nn.Module | None = None,
         feature_weights: dict[str, float] | None = None,
         summary_weights: dict[str, float] | None = None,
+        balancer: BalancerFactory = Weighted,
         optimizer: OptimizerCallable = _adamw,
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.0,
@@ -136,6 +141,7 @@ class DistillationModule(pl.LightningModule):
                 "normalizer_overrides",
                 "loss",
                 "summary_loss",
+                "balancer",
                 "optimizer",
             ]
         )
@@ -152,6 +158,9 @@ class DistillationModule(pl.LightningModule):
         self.summary_loss = summary_loss if summary_loss is not None else Cosine()
         self.feature_weights = self._per_teacher(feature_weights, "feature_weights")
         self.summary_weights = self._per_teacher(summary_weights, "summary_weights")
+        self.balancer = balancer(self._loss_terms())
+        self.balancer.check_losses(self.feature_loss, self.summary_loss)
+        self.metrics = nn.ModuleDict({s: DistillationMetrics(teachers) for s in ("val", "test")})
         self.optimizer_factory = optimizer
         self.warmup_steps = warmup_steps
         self.min_lr_ratio = min_lr_ratio
@@ -191,6 +200,15 @@ class DistillationModule(pl.LightningModule):
     def _per_teacher(self, weights: Mapping[str, float] | None, option: str) -> dict[str, float]:
         given = self._check_names(weights or {}, option)
         return {name: float(given.get(name, 1.0)) for name in self.teachers}
+
+    def _loss_terms(self) -> dict[str, float]:
+        """Every loss term ``"<teacher>/<term>"`` with its fixed weight, for the balancer."""
+        terms = {}
+        for name, teacher in self.teachers.items():
+            terms[f"{name}/feature_loss"] = self.feature_weights[name]
+            if teacher.summary_dim is not None:
+                terms[f"{name}/summary_loss"] = self.summary_weights[name]
+        return terms
 
     def _assign_summary_tokens(self) -> dict[str, int]:
         """Teacher name -> index of the student summary token its summary head reads."""
@@ -258,12 +276,15 @@ class DistillationModule(pl.LightningModule):
             for head in (heads.features, heads.summary):
                 if head is not None:
                     fully_shard(head, mesh=mesh, mp_policy=policy)
+        if any(True for _ in self.balancer.parameters()):  # learned balance (Uncertainty):
+            fully_shard(self.balancer, mesh=mesh)  # float32, gradients reduced over ranks
 
     # -- optimization -------------------------------------------------------------------------
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """Named parameters of the student and heads (teachers are never optimized)."""
+        """Named parameters of the student, heads and balancer (teachers are never optimized)."""
         yield from self.student.named_parameters(prefix="student")
         yield from self.heads.named_parameters(prefix="heads")
+        yield from self.balancer.named_parameters(prefix="balancer")
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay, no_decay = [], []
@@ -345,42 +366,58 @@ class DistillationModule(pl.LightningModule):
             )
         return matches
 
-    def distillation_losses(self, matches: Mapping[str, TeacherMatch]) -> dict[str, Tensor]:
-        """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc."""
+    def distillation_losses(
+        self, matches: Mapping[str, TeacherMatch], per_sample: bool = False
+    ) -> dict[str, Tensor]:
+        """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc.
+
+        Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer).
+        """
+        kwargs = {"per_sample": True} if per_sample else {}
         losses: dict[str, Tensor] = {}
         for name, m in matches.items():
-            losses[f"{name}/feature_loss"] = self.feature_loss(m.features, m.target)
+            losses[f"{name}/feature_loss"] = self.feature_loss(m.features, m.target, **kwargs)
             if m.summary is not None and m.summary_target is not None:
-                losses[f"{name}/summary_loss"] = self.summary_loss(m.summary, m.summary_target)
+                losses[f"{name}/summary_loss"] = self.summary_loss(
+                    m.summary, m.summary_target, **kwargs
+                )
         return losses
-
-    def total_loss(self, losses: Mapping[str, Tensor]) -> Tensor:
-        """Naive balancing (AM-RADIO 3.4.1): ``sum_k gamma_k L_feat,k + lambda_k L_sum,k``."""
-        total = 0.0
-        for key, value in losses.items():
-            name, kind = key.split("/")
-            weight = self.feature_weights if kind == "feature_loss" else self.summary_weights
-            total = total + weight[name] * value
-        return total  # type: ignore[return-value]
 
     def _shared_step(self, batch: Tensor, stage: str) -> Tensor:
         crop = as_float_images(batch)
         outputs = self.run_teachers(crop)
         targets = self.normalized_targets(outputs)
         matches = self.match(crop, outputs, targets)
-        losses = self.distillation_losses(matches)
-        loss = self.total_loss(losses)
-        if stage == "train" and not self._logs_this_step():
+        losses = self.distillation_losses(matches, per_sample=self.balancer.per_sample)
+        loss = self.balancer(losses)
+        if stage != "train":
+            self.metrics[stage].update(matches, self.normalizers)
+        elif not self._logs_this_step():
             return loss
         sync = stage != "train"
         batch_size = crop.shape[0]
         self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=sync)
-        self.log_dict(
-            {f"{stage}/{k}": v.detach() for k, v in losses.items()},
-            batch_size=batch_size,
-            sync_dist=sync,
-        )
+        logged = {f"{stage}/{k}": v.detach().mean() for k, v in losses.items()}
+        if stage == "train":
+            weights = self.balancer.effective_weights()
+            logged.update({f"train/balancer/{k}": w for k, w in weights.items()})
+        self.log_dict(logged, batch_size=batch_size, sync_dist=sync)
         return loss
+
+    def _log_metrics(self, stage: str) -> None:
+        """Log the epoch's ``<stage>/<teacher>/<metric>`` values (radio_lit.metrics)."""
+        metrics = self.metrics[stage]
+        if metrics.updated:
+            # Already reduced over all ranks by torchmetrics; the mean of equal values is a no-op.
+            values = {f"{stage}/{k}": v for k, v in metrics.compute().items()}
+            self.log_dict(values, sync_dist=True)
+        metrics.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
 
     def _logs_this_step(self) -> bool:
         """Whether to log this training step's metrics: the steps the logger writes

@@ -69,7 +69,7 @@ def test_weights_scale_each_teacher_term():
         "clip/summary_loss": torch.tensor(1.0),
         "sam/feature_loss": torch.tensor(5.0),
     }
-    assert module.total_loss(losses).item() == pytest.approx(3.0)
+    assert module.balancer(losses).item() == pytest.approx(3.0)
 
 
 def test_normalizer_kind_applies_to_every_teacher_with_overrides():
