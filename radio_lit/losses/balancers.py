@@ -187,15 +187,18 @@ class Uncertainty(Balancer):
         super().__init__(terms)
         self.log_variance = nn.Parameter(torch.zeros(len(self.terms)))
         self.register_buffer("active", self.weights > 0, persistent=False)
+        # b as used by the last forward: under FSDP2 the parameter is a shard outside forward.
+        self.register_buffer("last_log_variance", torch.zeros(len(self.terms)), persistent=False)
 
     def forward(self, losses: Mapping[str, Tensor]) -> Tensor:
         index, values = self._stack(losses)
+        self.last_log_variance.copy_(self.log_variance.detach())
         b = self.log_variance[index]
         weighted = self.weights[index] * torch.exp(-b) * values
         return (weighted + F.softplus(b) * self.active[index]).sum()
 
     def effective_weights(self) -> dict[str, Tensor]:
-        weights = self.weights * torch.exp(-self.log_variance.detach())
+        weights = self.weights * torch.exp(-self.last_log_variance)
         return dict(zip(self.terms, weights, strict=True))
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from radio_lit.module import TeacherMatch
     from radio_lit.teachers import Teacher
 
-_CHUNK_ROWS = 1 << 16  # feature rows mapped to the teacher space (float64) at a time
+_CHUNK_ROWS = 1 << 14  # feature rows mapped to the teacher space (float64) at a time
 
 
 class TeacherMetrics(nn.Module):
