@@ -4,8 +4,9 @@ The data's way through a step (DESIGN.md): one uint8 crop batch arrives; the stu
 every teacher get their own view of it; frozen teachers return ``summary [B, C_k]`` and
 ``features [B, H_k, W_k, C_k]``; teacher k's normalizer optionally updates its statistics
 and maps the features to the normalized target space; the student's tokens go through
-teacher k's adaptor heads, the feature map is resized to teacher k's grid, and the weighted
-losses of all teachers are summed for one backward.
+teacher k's adaptor heads, the feature map is resized to teacher k's grid, and the balancer
+(``model.balancer``) combines all teachers' loss terms for one backward. Validation and test
+steps also update the metrics (radio_lit.metrics), logged at the end of the epoch.
 """
 
 from __future__ import annotations
