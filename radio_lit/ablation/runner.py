@@ -1,0 +1,291 @@
+"""``radio-lit ablate``: train every ablation row and write the PHI-S tables.
+
+Each row is a real ``radio-lit fit --config BASE --config ROW [overrides]`` in a subprocess
+(the same CLI a user runs), with its TensorBoard logs in ``OUT/tensorboard/<row>/`` beside the
+other rows', its console output in ``OUT/logs/<row>.log`` and its final validation metrics
+(:class:`~radio_lit.ablation.FinalValidation`) in ``OUT/rows/<row>.json``. A row with a result
+file is not run again, so an interrupted ablation resumes where it stopped. At the end the
+runner writes ``OUT/results.csv`` (rows x metrics) and one markdown table per paper table
+(``OUT/<table>.md``, :mod:`radio_lit.ablation.tables`) and prints them.
+
+    radio-lit ablate                                   # the twelve rows, small scale, CPU
+    radio-lit ablate --rows MSE PHI-S --trainer.max_steps 100
+    radio-lit ablate --base configs/stage1.yaml --out runs/phi-s-ablations   # real scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import radio_lit
+from radio_lit.ablation.final_validation import write_json
+from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
+from radio_lit.ablation.tables import all_tables, write_csv
+
+__all__ = ["main", "run_ablation"]
+
+#: Seconds between two progress lines of a running row.
+REPORT_EVERY = 20.0
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    rows_dir = default_rows_dir()
+    parser = argparse.ArgumentParser(
+        prog="radio-lit ablate",
+        description=(
+            "Train the PHI-S ablation rows (tables 1 and 12) one after the other and write the "
+            "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks). Any "
+            "other --section.key value option is passed to every row's radio-lit fit."
+        ),
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=list(ROWS),
+        metavar="ROW",
+        help=f"rows to run, paper names or file names (default: all: {', '.join(ROWS)})",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=rows_dir / "base.yaml",
+        help="base config every row overrides (default: the small-scale CPU base, %(default)s)",
+    )
+    parser.add_argument(
+        "--rows-dir",
+        type=Path,
+        default=rows_dir,
+        help="folder of the rows' override configs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs") / "ablations",
+        help="output folder: logs, TensorBoard runs, results, tables (default: %(default)s)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point of ``radio-lit ablate``; exits with status 1 if a row failed."""
+    parser = _parser()
+    args, overrides = parser.parse_known_args(list(argv))
+    if overrides and not overrides[0].startswith("--"):
+        parser.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+    if not args.base.is_file():
+        parser.error(f"--base {args.base}: no such config file")
+    try:
+        rows = resolve_rows(args.rows, args.rows_dir)
+    except ValueError as err:
+        parser.error(f"--rows: {err}")
+    try:
+        failed = run_ablation(rows, args.base, overrides, args.out)
+    except ValueError as err:
+        parser.error(str(err))
+    if failed:
+        sys.exit(1)
+
+
+def _subprocess_env() -> dict[str, str]:
+    """The environment of a row: this process's, with this radio_lit first on the path."""
+    env = dict(os.environ)
+    root = str(Path(radio_lit.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> list[str]:
+    logger = {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": str(out), "name": "tensorboard", "version": row.slug},
+    }
+    final = {
+        "class_path": "radio_lit.ablation.FinalValidation",
+        "init_args": {
+            "metrics_file": str(out / "rows" / f"{row.slug}.metrics.json"),
+            "progress_file": str(out / "rows" / f"{row.slug}.progress.json"),
+        },
+    }
+    return [
+        sys.executable,
+        "-m",
+        "radio_lit.cli",
+        "fit",
+        "--config",
+        str(base),
+        "--config",
+        str(row.config),
+        *overrides,
+        "--trainer.logger",
+        json.dumps(logger),
+        "--trainer.callbacks+",
+        json.dumps(final),
+    ]
+
+
+class _Progress:
+    """Row i of n, steps, elapsed and time left (mean of the rows finished in this run)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.start = time.monotonic()
+        self.durations: list[float] = []
+
+    def line(self, index: int, row: Row, row_start: float, step: int, max_steps: int) -> str:
+        now = time.monotonic()
+        row_elapsed = now - row_start
+        steps = f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"
+        per_row = None
+        if self.durations:
+            per_row = sum(self.durations) / len(self.durations)
+        elif step > 0 and max_steps > 0:
+            per_row = row_elapsed * max_steps / step
+        left = "?"
+        if per_row is not None:
+            left = _clock(max(per_row - row_elapsed, 0.0) + per_row * (self.total - index))
+        return (
+            f"[{index}/{self.total}] {row.name}: {steps}, {_clock(row_elapsed)} in this row, "
+            f"{_clock(now - self.start)} elapsed, about {left} left"
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+def _run_row(row: Row, index: int, command: list[str], out: Path, progress: _Progress) -> int:
+    """Run one row's fit, printing progress; returns its exit status."""
+    progress_file = out / "rows" / f"{row.slug}.progress.json"
+    for stale in (progress_file, out / "rows" / f"{row.slug}.metrics.json"):
+        stale.unlink(missing_ok=True)
+    log_dir = out / "tensorboard" / row.slug
+    if log_dir.is_dir():  # a failed earlier attempt: start its logs afresh
+        for event_file in log_dir.glob("events.out.tfevents.*"):
+            event_file.unlink()
+    log_path = out / "logs" / f"{row.slug}.log"
+    row_start = time.monotonic()
+    print(progress.line(index, row, row_start, 0, 0), flush=True)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env()
+        )
+        last_report = row_start
+        try:
+            while process.poll() is None:
+                time.sleep(0.5)
+                if time.monotonic() - last_report >= REPORT_EVERY:
+                    state = _read_json(progress_file) or {}
+                    print(
+                        progress.line(
+                            index, row, row_start, state.get("step", 0), state.get("max_steps", 0)
+                        ),
+                        flush=True,
+                    )
+                    last_report = time.monotonic()
+        except BaseException:
+            process.terminate()
+            process.wait()
+            raise
+    return process.returncode
+
+
+def run_ablation(rows: list[Row], base: Path, overrides: list[str], out: Path) -> list[str]:
+    """Run the rows not yet finished in ``out``, then write and print the tables.
+
+    Returns:
+        the names of the rows that failed.
+
+    Raises:
+        ValueError: if ``out`` holds rows run with another base config or other overrides
+            (their numbers would not be comparable).
+    """
+    for folder in ("rows", "logs", "tensorboard"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    setup = {"base": str(base.resolve()), "overrides": list(overrides)}
+    finished = {path.stem: _read_json(path) for path in sorted((out / "rows").glob("*.json"))}
+    finished = {k: v for k, v in finished.items() if v is not None and "setup" in v}
+    other = sorted(k for k, v in finished.items() if v["setup"] != setup)
+    if other:
+        raise ValueError(
+            f"{out} holds rows {other} run with another base or overrides "
+            f"({finished[other[0]]['setup']}); use another --out or remove {out / 'rows'}"
+        )
+    todo = [row for row in rows if row.slug not in finished]
+    for row in rows:
+        if row.slug in finished:
+            print(f"{row.name}: already done in {out / 'rows' / row.slug}.json, skipped")
+
+    progress = _Progress(len(todo))
+    failed = []
+    for index, row in enumerate(todo, start=1):
+        row_start = time.monotonic()
+        command = _fit_command(row, base, overrides, out)
+        status = _run_row(row, index, command, out, progress)
+        metrics = _read_json(out / "rows" / f"{row.slug}.metrics.json")
+        seconds = time.monotonic() - row_start
+        log_path = out / "logs" / f"{row.slug}.log"
+        if status != 0 or metrics is None:
+            failed.append(row.name)
+            print(f"[{index}/{len(todo)}] {row.name} FAILED (exit {status}), see {log_path}:")
+            print(_tail(log_path), flush=True)
+            continue
+        progress.durations.append(seconds)
+        result = {
+            "row": row.name,
+            "setup": setup,
+            "config": str(row.config),
+            "seconds": round(seconds, 1),
+            "step": metrics["step"],
+            "metrics": metrics["metrics"],
+        }
+        write_json(out / "rows" / f"{row.slug}.json", result)
+        finished[row.slug] = result
+        print(
+            f"[{index}/{len(todo)}] {row.name}: done, {metrics['step']} steps in {_clock(seconds)}",
+            flush=True,
+        )
+    _write_tables(finished, out)
+    if failed:
+        print(f"failed rows: {', '.join(failed)}", flush=True)
+    return failed
+
+
+def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:
+    """``results.csv`` and one markdown file per table, rows in the paper's order."""
+    order = {name: i for i, name in enumerate(ROWS)}
+    results = sorted(finished.values(), key=lambda r: (order.get(r["row"], len(ROWS)), r["row"]))
+    if not results:
+        return
+    metrics = {r["row"]: r["metrics"] for r in results}
+    write_csv(
+        out / "results.csv",
+        {r["row"]: {"seconds": r["seconds"], "step": r["step"], **r["metrics"]} for r in results},
+    )
+    text = []
+    for key, table in all_tables(metrics).items():
+        (out / f"{key}.md").write_text(table.markdown())
+        text.append(table.markdown())
+    print("\n" + "\n".join(text), flush=True)
+    print(f"tables: {out}/*.md, all metrics: {out / 'results.csv'}", flush=True)

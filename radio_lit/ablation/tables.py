@@ -1,0 +1,189 @@
+"""The PHI-S ablation tables from the rows' final validation metrics.
+
+Each row of an ablation (one loss / normalizer / balancer setting, PHI-S tables 1 and 12)
+ends with a dict of validation metrics ``{"val/<teacher>/<metric>": value}`` (the tags of
+:mod:`radio_lit.metrics`). This module lays them out as the paper does:
+
+- teacher MSE per teacher, in each teacher's own space (PHI-S table 3; lower is better);
+- fidelity per teacher and their geometric mean (PHI-S A.9.2 eq. 51, table 18; higher);
+- the range of the per-channel error variances, in the normalized space and denormalized to
+  the teacher's space (PHI-S 4.1, table 5; lower);
+- each row's mean ordinal rank over the teachers of each of these tables, and their average
+  (the "Teacher MSE" column of PHI-S tables 1 and 12 is such a mean rank; 1 is best).
+
+Missing values (a metric a run did not log) are shown as ``-`` and left out of the ranks.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "TABLES",
+    "MetricTable",
+    "Table",
+    "mean_ranks",
+    "ordinal_ranks",
+    "rank_table",
+    "teachers_of",
+    "write_csv",
+]
+
+Metrics = Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class MetricTable:
+    """One paper table: a per-teacher metric ``val/<teacher>/<metric>``.
+
+    Attributes:
+        key: short name (file name of the markdown table, rank column).
+        title: heading, with the paper's table number.
+        metric: the tag's last part.
+        higher_is_better: direction of the ranking.
+        summary: optional tag of an across-teacher column (e.g. the fidelity geometric mean),
+            shown last and not ranked.
+    """
+
+    key: str
+    title: str
+    metric: str
+    higher_is_better: bool = False
+    summary: str | None = None
+
+
+TABLES: tuple[MetricTable, ...] = (
+    MetricTable(
+        "teacher_mse", "Teacher MSE, teacher space (PHI-S table 3; lower is better)", "mse"
+    ),
+    MetricTable(
+        "fidelity",
+        "Fidelity Var[Y] / MSE(X, Y) (PHI-S table 18; higher is better)",
+        "fidelity",
+        higher_is_better=True,
+        summary="val/fidelity_geomean",
+    ),
+    MetricTable(
+        "error_variance_range",
+        "Range of per-channel error variances, normalized space (PHI-S table 5; lower is better)",
+        "error_variance_range",
+    ),
+    MetricTable(
+        "error_variance_range_teacher",
+        "Range of per-channel error variances, teacher space (PHI-S table 5; lower is better)",
+        "error_variance_range_teacher",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A rendered table: a header and rows of cells (``None`` for a missing value)."""
+
+    title: str
+    header: list[str]
+    rows: list[tuple[str, list[float | None]]]
+
+    def markdown(self) -> str:
+        """GitHub-flavoured markdown, values with 4 significant digits."""
+        lines = [
+            f"| {' | '.join(self.header)} |",
+            "|" + "|".join(["---"] + ["---:"] * (len(self.header) - 1)) + "|",
+        ]
+        for name, values in self.rows:
+            cells = ["-" if v is None else f"{v:.4g}" for v in values]
+            lines.append(f"| {' | '.join([name, *cells])} |")
+        return f"### {self.title}\n\n" + "\n".join(lines) + "\n"
+
+
+def teachers_of(results: Mapping[str, Metrics], prefix: str = "val/") -> list[str]:
+    """Teacher names found in tags ``<prefix><teacher>/<metric>``, in first-seen order."""
+    names: dict[str, None] = {}
+    for metrics in results.values():
+        for tag in metrics:
+            parts = tag[len(prefix) :].split("/") if tag.startswith(prefix) else []
+            if len(parts) == 2:
+                names.setdefault(parts[0])
+    return list(names)
+
+
+def ordinal_ranks(values: Sequence[float | None], higher_is_better: bool) -> list[float | None]:
+    """Rank 1 for the best value; ties share their average rank; ``None``/NaN stay unranked."""
+    present = [(v, i) for i, v in enumerate(values) if v is not None and not math.isnan(v)]
+    present.sort(key=lambda item: -item[0] if higher_is_better else item[0])
+    ranks: list[float | None] = [None] * len(values)
+    start = 0
+    while start < len(present):
+        end = start
+        while end + 1 < len(present) and present[end + 1][0] == present[start][0]:
+            end += 1
+        for _, index in present[start : end + 1]:
+            ranks[index] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def metric_table(
+    spec: MetricTable, results: Mapping[str, Metrics], teachers: Sequence[str]
+) -> Table:
+    """The values of ``spec`` for every row (``results``: row name -> metrics)."""
+    header = ["Method", *teachers] + (["GeoMean"] if spec.summary else [])
+    rows = []
+    for name, metrics in results.items():
+        values = [metrics.get(f"val/{t}/{spec.metric}") for t in teachers]
+        if spec.summary:
+            values.append(metrics.get(spec.summary))
+        rows.append((name, values))
+    return Table(spec.title, header, rows)
+
+
+def mean_ranks(
+    spec: MetricTable, results: Mapping[str, Metrics], teachers: Sequence[str]
+) -> dict[str, float | None]:
+    """Each row's rank among the rows, per teacher, averaged over the teachers."""
+    names = list(results)
+    per_teacher = [
+        ordinal_ranks(
+            [results[n].get(f"val/{t}/{spec.metric}") for n in names], spec.higher_is_better
+        )
+        for t in teachers
+    ]
+    return {n: _mean([ranks[i] for ranks in per_teacher]) for i, n in enumerate(names)}
+
+
+def rank_table(results: Mapping[str, Metrics], teachers: Sequence[str]) -> Table:
+    """Mean rank per table (columns) and their average, for every row (1 is best)."""
+    columns = {spec.key: mean_ranks(spec, results, teachers) for spec in TABLES}
+    rows = []
+    for name in results:
+        values = [columns[spec.key][name] for spec in TABLES]
+        rows.append((name, [*values, _mean(values)]))
+    header = ["Method", *(spec.key for spec in TABLES), "Average"]
+    return Table("Mean rank across teachers (1 is best; cf. PHI-S tables 1, 12)", header, rows)
+
+
+def all_tables(results: Mapping[str, Metrics]) -> dict[str, Table]:
+    """Every table of :data:`TABLES` plus the rank table, keyed by file stem."""
+    teachers = teachers_of(results)
+    tables = {spec.key: metric_table(spec, results, teachers) for spec in TABLES}
+    tables["ranks"] = rank_table(results, teachers)
+    return tables
+
+
+def write_csv(path: Path, results: Mapping[str, Mapping[str, float | str]]) -> None:
+    """One line per row, one column per metric (the union over rows, sorted)."""
+    columns = sorted({tag for metrics in results.values() for tag in metrics})
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["row", *columns])
+        for name, metrics in results.items():
+            writer.writerow([name, *(metrics.get(c, "") for c in columns)])
