@@ -59,6 +59,7 @@ __all__ = [
     "TABLE7",
     "FeatureStatistics",
     "RescaledTeacher",
+    "calibration_views",
     "channel_targets",
     "feature_statistics",
 ]
@@ -200,6 +201,21 @@ def channel_targets(stats: FeatureStatistics, dim: int, seed: int = 0) -> tuple[
     return mu, sigma
 
 
+def calibration_views(images: str, side: int, views: int, seed: int) -> Tensor:
+    """The calibration crops ``[views * n_images, 3, side, side]`` uint8 (step 1 above).
+
+    Every image of the folder as a center crop, then ``views - 1`` rounds of seeded
+    random-resized crops (the training crops' scale range); the global RNG is left untouched.
+    """
+    center, random_crop = eval_transform(side), train_transform(side)
+    photos = [load_rgb(path) for path in list_images(resolve_image_root(images))]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        crops = [center(p) for p in photos]
+        crops += [random_crop(p) for _ in range(views - 1) for p in photos]
+    return torch.stack(crops)
+
+
 def _mixing(dim: int, inner_dim: int, generator: torch.Generator) -> Tensor:
     """``P [dim, inner_dim]`` with orthonormal columns (``dim >= inner_dim``) or rows."""
     gaussian = torch.randn(max(dim, inner_dim), min(dim, inner_dim), generator=generator)
@@ -272,14 +288,8 @@ class RescaledTeacher(Teacher):
     @torch.no_grad()
     def _calibration_features(self, images: str, views: int, seed: int) -> Tensor:
         """Inner features ``[N, C_in]`` (float64) of the calibration views."""
-        side = self.teacher.resolution
-        center, random_crop = eval_transform(side), train_transform(side)
-        photos = [load_rgb(path) for path in list_images(resolve_image_root(images))]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            crops = [center(p) for p in photos]
-            crops += [random_crop(p) for _ in range(views - 1) for p in photos]
-        features = self.teacher(as_float_images(torch.stack(crops))).features
+        crops = calibration_views(images, self.teacher.resolution, views, seed)
+        features = self.teacher(as_float_images(crops)).features
         return features.reshape(-1, features.shape[-1]).double()
 
     @property

@@ -1,0 +1,121 @@
+"""radio-lit ablate: options, resume, and one real end-to-end run of two rows."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radio_lit.ablation import runner
+from radio_lit.ablation.rows import ROWS, resolve_rows
+from radio_lit.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "configs" / "ablations" / "base.yaml"
+ROWS_DIR = ROOT / "configs" / "ablations"
+
+
+def test_every_row_of_the_paper_has_a_config_and_names_are_forgiving():
+    rows = resolve_rows(list(ROWS), ROWS_DIR)
+    assert [r.name for r in rows] == list(ROWS)
+    assert all(r.config.is_file() for r in rows)
+    assert [r.name for r in resolve_rows(["hyb smL1", "phi-s", "HYB_MSE"], ROWS_DIR)] == [
+        "Hyb SmL1",
+        "PHI-S",
+        "Hyb MSE",
+    ]
+
+
+def test_a_bad_row_or_base_is_one_clear_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ablate", "--rows", "MSE", "PHIS", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown ablation row(s) ['PHIS']" in err and "PHI-S" in err
+    with pytest.raises(SystemExit):
+        main(["ablate", "--base", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)])
+    assert f"--base {tmp_path / 'nope.yaml'}: no such config file" in capsys.readouterr().err
+    assert not (tmp_path / "rows").exists()
+
+
+def _fake_fit(calls: list[str], exit_code: int = 0):
+    """A stand-in for a row's fit that writes the files FinalValidation writes."""
+
+    def command(row, base, overrides, out):
+        calls.append(row.name)
+        metrics = {"step": 3, "metrics": {"val/clip/mse": len(calls) / 10, "val/loss": 1.0}}
+        path = out / "rows" / f"{row.slug}.metrics.json"
+        code = (
+            f"import json, pathlib, sys; pathlib.Path({str(path)!r}).write_text("
+            f"json.dumps({metrics!r})); sys.exit({exit_code})"
+        )
+        return [sys.executable, "-c", code]
+
+    return command
+
+
+def test_finished_rows_are_not_run_again(monkeypatch, tmp_path, capsys):
+    rows = resolve_rows(["MSE", "PHI-S"], ROWS_DIR)
+    overrides = ["--trainer.max_steps", "3"]
+    calls: list[str] = []
+    monkeypatch.setattr(runner, "_fit_command", _fake_fit(calls, exit_code=1))
+    assert runner.run_ablation(rows[:1], BASE, overrides, tmp_path) == ["MSE"]
+    assert not (tmp_path / "rows" / "mse.json").exists()  # a failed row is no result
+
+    monkeypatch.setattr(runner, "_fit_command", _fake_fit(calls))
+    assert runner.run_ablation(rows[:1], BASE, overrides, tmp_path) == []
+    assert calls == ["MSE", "MSE"]
+    capsys.readouterr()
+
+    assert runner.run_ablation(rows, BASE, overrides, tmp_path) == []
+    assert calls == ["MSE", "MSE", "PHI-S"]  # MSE was done: only PHI-S ran
+    assert "MSE: already done" in capsys.readouterr().out
+    result = json.loads((tmp_path / "rows" / "mse.json").read_text())
+    assert result["metrics"]["val/clip/mse"] == pytest.approx(0.2)
+    with (tmp_path / "results.csv").open() as handle:
+        assert [r["row"] for r in csv.DictReader(handle)] == ["MSE", "PHI-S"]
+    assert "| PHI-S | 0.3 |" in (tmp_path / "teacher_mse.md").read_text()
+
+    assert runner.run_ablation(rows, BASE, overrides, tmp_path) == []
+    assert calls == ["MSE", "MSE", "PHI-S"]
+    with pytest.raises(ValueError, match="another base or overrides"):
+        runner.run_ablation(rows, BASE, ["--trainer.max_steps", "4"], tmp_path)
+
+
+@pytest.mark.slow
+def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path):
+    out = tmp_path / "ablations"
+    command = [sys.executable, "-m", "radio_lit.cli", "ablate", "--rows", "MSE", "PHI-S"]
+    command += ["--out", str(out), "--trainer.max_steps", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[2/2] PHI-S: done, 4 steps" in done.stdout
+
+    with (out / "results.csv").open() as handle:
+        rows = {r["row"]: r for r in csv.DictReader(handle)}
+    assert list(rows) == ["MSE", "PHI-S"]
+    teachers = ["dfn_clip", "siglip", "dino_v2", "sam"]
+    for row in rows.values():
+        for teacher in teachers:
+            assert float(row[f"val/{teacher}/mse"]) > 0
+            assert float(row[f"val/{teacher}/fidelity"]) > 0
+        assert float(row["val/fidelity_geomean"]) > 0
+    # The unnormalized MSE baseline leaves the tiny-scale CLIP-like teacher unlearned.
+    assert float(rows["PHI-S"]["val/dfn_clip/fidelity"]) > float(
+        rows["MSE"]["val/dfn_clip/fidelity"]
+    )
+    for table in ("teacher_mse", "fidelity", "error_variance_range", "ranks"):
+        assert "| PHI-S |" in (out / f"{table}.md").read_text()
+    assert "### Fidelity" in done.stdout
+    for slug in ("mse", "phi-s"):
+        assert list((out / "tensorboard" / slug).glob("events.out.tfevents.*"))
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0
+    assert "MSE: already done" in again.stdout and "PHI-S: already done" in again.stdout
