@@ -451,7 +451,7 @@ class DistillationModule(pl.LightningModule):
         if stage == "train" and not self._logs_this_step():
             return loss
         sync = stage != "train"
-        batch_size = sum(c.crop.shape[0] for c in chunks)
+        batch_size = crop.shape[0]
         self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=sync)
         self.log_dict(
             {f"{stage}/{k}": v.detach() for k, v in losses.items()},

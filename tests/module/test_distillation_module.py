@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radio_lit.data.views import teacher_view
-from radio_lit.losses import MSE
 from radio_lit.grid import resample
+from radio_lit.losses import MSE
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, Standardize
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
