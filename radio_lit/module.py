@@ -255,6 +255,7 @@ class DistillationModule(pl.LightningModule):
         """Place the partitions on this run's ranks; give each teacher's normalizer the
         process group of the ranks that run it (AM-RADIO 4, DESIGN.md "Distributed rules")."""
         self.partitions.place(self.trainer.world_size, self.trainer.global_rank)
+        self.partitions.check_strategy(self.trainer.strategy)
         if not self.partitions.single:
             for name, (group, source) in self.partitions.process_groups().items():
                 self.normalizers[name].set_process_group(group, source)

@@ -273,6 +273,43 @@ class PartitionPlan:
             start = stop
         return chunks
 
+    def check_strategy(self, strategy: object) -> None:
+        """Refuse strategies under which these partitions would silently go wrong.
+
+        - ``DDPStrategy`` broadcasts rank 0's buffers at every forward unless
+          ``broadcast_buffers=False``: it would overwrite the statistics a teacher's group
+          accumulates on ranks where rank 0 does not run it.
+        - ``ModelParallelStrategy`` (FSDP2) gathers each sharded module in call order on every
+          rank; ranks running different teachers, or a different number of partitions, call
+          the heads and the student in different orders and deadlock.
+        """
+        from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+        if self.single:
+            return
+        if isinstance(strategy, DDPStrategy) and strategy._ddp_kwargs.get(
+            "broadcast_buffers", True
+        ):
+            raise ValueError(
+                "model.partitions with teachers on only some ranks need trainer.strategy: "
+                "{class_path: lightning.pytorch.strategies.DDPStrategy, init_args: "
+                "{broadcast_buffers: false}} (DDP's buffer broadcast would overwrite the "
+                "teacher statistics)"
+            )
+        if isinstance(strategy, ModelParallelStrategy):
+            sets = {self.members[n] for n in self.partitions}
+            counts = {
+                sum(r in rs for rs in self.placement.ranks.values())
+                for r in range(self.placement.world_size)
+            }
+            if len(sets) > 1 or len(counts) > 1:
+                raise ValueError(
+                    "model.partitions with different teachers per partition (or a different "
+                    "number of partitions per rank) are not supported under "
+                    "ModelParallelStrategy (FSDP2): use trainer.strategy DDPStrategy with "
+                    "broadcast_buffers: false"
+                )
+
     def idle_teachers(self) -> list[str]:
         """Teachers that no partition of this rank runs in training."""
         rank = self.placement.rank

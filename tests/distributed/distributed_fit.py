@@ -154,7 +154,7 @@ def main(kind: str, output: Path) -> None:
             timeout=timeout,
         )
     else:
-        raise SystemExit(f"unknown strategy {kind!r}: use ddp, fsdp2 or partitions")
+        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2 or partitions")
 
     module = build_partitioned_module() if kind == "partitions" else build_module()
     recorder = Recorder()

@@ -125,3 +125,21 @@ def test_multi_resolution_steps_at_each_resolution():
     }
     grads = [p.grad for p in module.student.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_strategies_that_would_break_partitions_are_refused():
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    parts = {"a": Partition(["clip", "dino"], 4), "b": Partition(["sam"], 2)}
+    plan = PartitionPlan(parts, TEACHERS, (64, 64), 16)
+    plan.place(2, 0)
+    with pytest.raises(ValueError, match="broadcast_buffers: false"):
+        plan.check_strategy(DDPStrategy())
+    plan.check_strategy(DDPStrategy(broadcast_buffers=False))
+    with pytest.raises(ValueError, match="ModelParallelStrategy"):
+        plan.check_strategy(ModelParallelStrategy())
+    same = PartitionPlan(
+        {"low": Partition(batch_size=4), "high": Partition(batch_size=2)}, TEACHERS, (64, 64), 16
+    )
+    same.place(2, 0)
+    same.check_strategy(ModelParallelStrategy())  # stage 3's shape: every rank, same calls
