@@ -463,8 +463,9 @@ class DistillationModule(pl.LightningModule):
 
     def _idle_heads_term(self, stage: str) -> Tensor:
         """``0 x`` the heads of teachers this rank does not run in training (partitions), so
-        every rank's backward reaches every head: DDP then finds no unused parameter and
-        FSDP2 runs every head's gradient reduce-scatter on every rank."""
+        every rank's backward reaches every head and DDP finds no unused parameter (their
+        gradient here is zero; DDP's average then gives the update of
+        :mod:`radio_lit.partitions`)."""
         idle = self.partitions.idle_teachers() if stage == "train" else []
         zero = torch.zeros((), device=self.device)
         for name in idle:
