@@ -10,8 +10,8 @@ pre-built uint8 batch, in one process, and must produce the same loss at every s
   calls, so every cost of the loop is in it: data fetch, hooks, step, backward, optimizer,
   scheduler, logging).
 * plain PyTorch: a hand-written loop doing the same math (views, frozen teachers under
-  ``torch.no_grad``, normalizers, student, heads, bilinear resize, MSE + cosine, backward,
-  ``optimizer.step``, ``zero_grad``, scheduler step), timed at the same point of its loop.
+  ``torch.no_grad``, normalizers, student, heads, antialiased bilinear resize, MSE + cosine,
+  backward, ``optimizer.step``, ``zero_grad``, scheduler step), timed at the same point of its loop.
 
 The two sides are interleaved step by step ("lockstep", the default): the callback's
 ``on_train_batch_start`` hook also runs one step of the plain loop (on its own RNG stream, timed
@@ -298,6 +298,7 @@ class PlainLoop:
                     size=target.shape[1:3],
                     mode="bilinear",
                     align_corners=False,
+                    antialias=True,  # as radio_lit.grid.resample
                 ).permute(0, 2, 3, 1)
             loss = loss + self.feature_weights[n] * F.mse_loss(pred, target)
             if heads.summary is not None and out.summary is not None:

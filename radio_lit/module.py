@@ -2,33 +2,37 @@
 
 The data's way through a step (DESIGN.md): one uint8 crop batch arrives; the student and
 every teacher get their own view of it; frozen teachers return ``summary [B, C_k]`` and
-``features [B, H_k, W_k, C_k]``; teacher k's normalizer optionally updates its statistics
-and maps the features to the normalized target space; the student's tokens go through
-teacher k's adaptor heads, the feature map is resized to teacher k's grid, and the balancer
-(``model.balancer``) combines all teachers' loss terms for one backward. Validation and test
-steps also update the metrics (radio_lit.metrics), logged at the end of the epoch.
+``features [B, H_k, W_k, C_k]``; the teacher features are moved to the loss grid (grid
+policy, :mod:`radio_lit.grid`); teacher k's normalizer optionally updates its statistics on
+that grid and maps the features to the normalized target space; the student's tokens go
+through teacher k's adaptor heads, the feature map is moved to the same grid, and the
+balancer (``model.balancer``) combines all teachers' loss terms for one backward. With
+partitions (:mod:`radio_lit.partitions`) a rank runs its partitions' teachers on their slices
+of the batch, each at a student resolution drawn for the step. Validation and test steps also
+update the metrics (:mod:`radio_lit.metrics`), logged at the end of the epoch.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
+from radio_lit.grid import GridPolicy, check_policies, loss_grid, resample
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
+from radio_lit.partitions import Chunk, Partition, PartitionPlan
 from radio_lit.students import CPEViT, TeacherHeads
 from radio_lit.teachers import Teacher, TeacherOutput
 
@@ -62,14 +66,6 @@ class TeacherMatch:
     target: Tensor
     summary: Tensor | None = None
     summary_target: Tensor | None = None
-
-
-def resize_features(features: Tensor, size: tuple[int, int]) -> Tensor:
-    """Bilinearly resize a feature map ``[B, h, w, C]`` to ``[B, H, W, C]`` (AM-RADIO 4)."""
-    if tuple(features.shape[1:3]) == tuple(size):
-        return features
-    nchw = features.permute(0, 3, 1, 2)
-    return F.interpolate(nchw, size=size, mode="bilinear", align_corners=False).permute(0, 2, 3, 1)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -108,6 +104,13 @@ class DistillationModule(pl.LightningModule):
         min_lr_ratio: final LR as a fraction of the peak LR.
         init_from: checkpoint of an earlier stage; only the student and head weights are
             taken (fresh optimizer, schedule and teacher statistics; PHI-S A.7).
+        grid_policy: the grid every teacher's loss (and statistics) uses: ``"teacher"``
+            (RADIOv2.5 4.2), ``"student"`` (PHI-S 3) or ``"larger"`` (AM-RADIO 4); see
+            :mod:`radio_lit.grid`. SAM always keeps its own grid.
+        grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
+        partitions: named teacher partitions with their own batch size, student
+            resolution(s) and share of the ranks (AM-RADIO 4, PHI-S 3); default one partition
+            with every teacher (RADIOv2.5 4.6). See :mod:`radio_lit.partitions`.
     """
 
     def __init__(
@@ -128,6 +131,9 @@ class DistillationModule(pl.LightningModule):
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.0,
         init_from: str | None = None,
+        grid_policy: GridPolicy = "teacher",
+        grid_policy_overrides: dict[str, GridPolicy] | None = None,
+        partitions: dict[str, Partition] | None = None,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -144,6 +150,7 @@ class DistillationModule(pl.LightningModule):
                 "summary_loss",
                 "balancer",
                 "optimizer",
+                "partitions",
             ]
         )
         self.student = student
@@ -181,6 +188,14 @@ class DistillationModule(pl.LightningModule):
             }
         )
         self.summary_token = self._assign_summary_tokens()
+        self.grid_policies = check_policies(
+            grid_policy,
+            self._check_names(grid_policy_overrides or {}, "grid_policy_overrides"),
+            {name: t.interpolatable for name, t in teachers.items()},
+        )
+        self.partitions = PartitionPlan(
+            partitions, list(teachers), self.student_resolution, student.patch_size
+        )
         # Set each step by radio_lit.callbacks.TeacherStatsEstimation.
         self.estimate_statistics = False
         self.refit_statistics = False
@@ -255,6 +270,15 @@ class DistillationModule(pl.LightningModule):
         self.load_state_dict(weights, strict=False)
 
     # -- distributed --------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Place the partitions on this run's ranks; give each teacher's normalizer the
+        process group of the ranks that run it (AM-RADIO 4, DESIGN.md "Distributed rules")."""
+        self.partitions.place(self.trainer.world_size, self.trainer.global_rank)
+        self.partitions.check_strategy(self.trainer.strategy)
+        if not self.partitions.single:
+            for name, (group, source) in self.partitions.process_groups().items():
+                self.normalizers[name].set_process_group(group, source)
+
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``, shard the student (per block) and the heads (FSDP2).
 
@@ -309,47 +333,96 @@ class DistillationModule(pl.LightningModule):
         }
 
     # -- the step -------------------------------------------------------------------------
-    def run_teachers(self, crop: Tensor) -> dict[str, TeacherOutput]:
-        """Every frozen teacher on its own view of the crop ``[B, 3, S, S]``.
+    def run_teachers(
+        self,
+        crop: Tensor,
+        teachers: tuple[str, ...] | None = None,
+        student_resolution: tuple[int, int] | None = None,
+    ) -> dict[str, TeacherOutput]:
+        """Frozen teachers (default: all) on their own views of the crop ``[B, 3, S, S]``.
 
-        The crop is resized once per distinct teacher resolution; each teacher then only
-        normalizes it with its own mean/std (its view skips a resize to its own size).
+        Each teacher sees its native resolution, or the student's grid if it follows the
+        student (``student_resolution``, default ``model.student_resolution``). The crop is
+        resized once per distinct view size; each teacher then only normalizes it.
+        Features stay on each teacher's own grid.
         """
-        resized: dict[int, Tensor] = {}
+        grid = self._student_grid(student_resolution)
+        resized: dict[tuple[int, int], Tensor] = {}
         outputs = {}
-        for name, teacher in self.teachers.items():
-            side = teacher.resolution
-            if side not in resized:
-                resized[side] = resize_view(crop, side)
-            outputs[name] = teacher(resized[side])
+        for name in teachers or tuple(self.teachers):
+            teacher = self.teachers[name]
+            size = teacher.view_size(grid)
+            if size not in resized:
+                resized[size] = resize_view(crop, size)
+            outputs[name] = teacher(resized[size], size)
         return outputs
 
-    def normalized_targets(self, outputs: Mapping[str, TeacherOutput]) -> dict[str, Tensor]:
-        """Teacher features in each normalizer's target space, ``{name: [B, H, W, C]}``.
+    def _student_grid(self, resolution: tuple[int, int] | None) -> tuple[int, int]:
+        height, width = resolution or self.student_resolution
+        return height // self.student.patch_size, width // self.student.patch_size
 
-        While statistics estimation is on, each normalizer first accumulates the batch and,
-        on refit steps, recomputes its transform, so targets use the current estimate.
-        """
-        targets = {}
+    def on_loss_grid(
+        self, outputs: Mapping[str, TeacherOutput], student_resolution: tuple[int, int] | None
+    ) -> dict[str, TeacherOutput]:
+        """Teacher outputs with features moved to each teacher's loss grid (grid policy;
+        shrinking antialiased, :func:`radio_lit.grid.resample`), ``{name: [B, H, W, C]}``."""
+        grid = self._student_grid(student_resolution)
+        moved = {}
         for name, out in outputs.items():
-            normalizer = self.normalizers[name]
-            features = out.features.float()
-            if self.estimate_statistics:
-                normalizer.update(features)
+            teacher = self.teachers[name]
+            size = loss_grid(
+                self.grid_policies[name], grid, out.features.shape[1:3], teacher.interpolatable
+            )
+            moved[name] = TeacherOutput(out.summary, resample(out.features, size))
+        return moved
+
+    def normalized_targets(
+        self, outputs: Sequence[Mapping[str, TeacherOutput]]
+    ) -> list[dict[str, Tensor]]:
+        """Teacher features in each normalizer's target space, one dict per chunk of the step
+        (``[{name: [B, H, W, C]}]``), features already on the loss grid.
+
+        While statistics estimation is on, each normalizer first accumulates, in one update,
+        every feature of its teacher in this step (the chunks of this rank; the ranks of its
+        process group) and, on refit steps, recomputes its transform, so targets use the
+        current estimate; ranks that do not run a teacher then receive its state.
+        """
+        if self.estimate_statistics or self.refit_statistics:
+            for name, normalizer in self.normalizers.items():
+                rows = [
+                    o[name].features.float().reshape(-1, normalizer.dim)
+                    for o in outputs
+                    if name in o
+                ]
+                if not rows:
+                    continue
+                if self.estimate_statistics:
+                    normalizer.update(torch.cat(rows))
+                if self.refit_statistics:
+                    normalizer.fit()
             if self.refit_statistics:
-                normalizer.fit()
-            targets[name] = normalizer(features)
-        return targets
+                for name, source in self.partitions.sources.items():
+                    self.normalizers[name].broadcast_state(source)
+        return [
+            {name: self.normalizers[name](out.features.float()) for name, out in chunk.items()}
+            for chunk in outputs
+        ]
 
     def match(
-        self, crop: Tensor, outputs: Mapping[str, TeacherOutput], targets: Mapping[str, Tensor]
+        self,
+        crop: Tensor,
+        outputs: Mapping[str, TeacherOutput],
+        targets: Mapping[str, Tensor],
+        student_resolution: tuple[int, int] | None = None,
     ) -> dict[str, TeacherMatch]:
         """The student's prediction of every teacher, paired with that teacher's target.
 
-        Runs the student once on its view of ``crop`` and each teacher's adaptor heads on its
-        tokens; the predicted map is brought to the target's grid.
+        Runs the student once on its view of ``crop`` (``student_resolution``, default
+        ``model.student_resolution``) and each teacher's adaptor heads on its tokens; the
+        predicted map is brought to the target's grid (the loss grid).
         """
-        view = teacher_view(crop, self.student_resolution, self.student_mean, self.student_std)
+        size = student_resolution or self.student_resolution
+        view = teacher_view(crop, size, self.student_mean, self.student_std)
         student = self.student(view)
         matches: dict[str, TeacherMatch] = {}
         for name, out in outputs.items():
@@ -360,7 +433,7 @@ class DistillationModule(pl.LightningModule):
                 summary = heads.summary(student.summary[:, self.summary_token[name]])
                 summary_target = out.summary.float()
             matches[name] = TeacherMatch(
-                features=resize_features(heads.features(student.features), target.shape[1:3]),
+                features=resample(heads.features(student.features), target.shape[1:3]),
                 target=target,
                 summary=summary,
                 summary_target=summary_target,
@@ -386,14 +459,21 @@ class DistillationModule(pl.LightningModule):
 
     def _shared_step(self, batch: Tensor, stage: str) -> Tensor:
         crop = as_float_images(batch)
-        outputs = self.run_teachers(crop)
+        chunks = self.partitions.chunks(crop, train=stage == "train")
+        outputs = [
+            self.on_loss_grid(self.run_teachers(c.crop, c.teachers, c.resolution), c.resolution)
+            for c in chunks
+        ]
         targets = self.normalized_targets(outputs)
-        matches = self.match(crop, outputs, targets)
-        losses = self.distillation_losses(matches, per_sample=self.balancer.per_sample)
-        loss = self.balancer(losses)
-        if stage != "train":
-            self.metrics[stage].update(matches, self.normalizers)
-        elif not self._logs_this_step():
+        loss, losses = self._idle_heads_term(stage), {}
+        for chunk, out, target in zip(chunks, outputs, targets, strict=True):
+            matches = self.match(chunk.crop, out, target, chunk.resolution)
+            terms = self.distillation_losses(matches, per_sample=self.balancer.per_sample)
+            loss = loss + chunk.weight * self.balancer(terms)
+            losses.update(self._chunk_keys(chunk, terms, len(chunks)))
+            if stage != "train":
+                self.metrics[stage].update(matches, self.normalizers)
+        if stage == "train" and not self._logs_this_step():
             return loss
         sync = stage != "train"
         batch_size = crop.shape[0]
@@ -404,6 +484,26 @@ class DistillationModule(pl.LightningModule):
             logged.update({f"train/balancer/{k}": w for k, w in weights.items()})
         self.log_dict(logged, batch_size=batch_size, sync_dist=sync)
         return loss
+
+    def _idle_heads_term(self, stage: str) -> Tensor:
+        """``0 x`` the heads of teachers this rank does not run in training (partitions), so
+        every rank's backward reaches every head and DDP finds no unused parameter (their
+        gradient here is zero; DDP's average then gives the update of
+        :mod:`radio_lit.partitions`)."""
+        idle = self.partitions.idle_teachers() if stage == "train" else []
+        zero = torch.zeros((), device=self.device)
+        for name in idle:
+            probe = torch.zeros(1, self.student.embed_dim, device=self.device)
+            for head in (self.heads[name].features, self.heads[name].summary):
+                if head is not None:
+                    zero = zero + 0.0 * head(probe).sum()
+        return zero
+
+    @staticmethod
+    def _chunk_keys(chunk: Chunk, terms: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """Loss terms for logging: ``<teacher>/<term>``, prefixed by the partition's name when
+        the step has several chunks (a teacher may be in more than one)."""
+        return terms if count == 1 else {f"{chunk.partition}/{k}": v for k, v in terms.items()}
 
     def _log_metrics(self, stage: str) -> None:
         """Log the epoch's ``<stage>/<teacher>/<metric>`` values (radio_lit.metrics)."""

@@ -65,6 +65,20 @@ class Normalizer(nn.Module):
         self.register_buffer("theta", torch.zeros(shape, dtype=f64))
         self.register_buffer("weight", torch.zeros(shape, dtype=torch.float32))
         self._is_fitted = False  # host copy of ``fitted``: forward() never waits on the device
+        #: The ranks whose batches the statistics pool (``None``: the whole world). Set with
+        #: :meth:`set_process_group` when a teacher runs on only some ranks (partitions).
+        self.process_group: dist.ProcessGroup | None = None
+        self._group_source = 0
+
+    def set_process_group(self, group: dist.ProcessGroup | None, source: int = 0) -> None:
+        """Pool statistics over ``group`` only (``None``: the world).
+
+        Args:
+            group: the ranks that run this teacher (AM-RADIO 4 rank partitioning).
+            source: the global rank of the group whose fitted transform every member uses.
+        """
+        self.process_group = group
+        self._group_source = source
 
     # -- statistics ------------------------------------------------------------------------
     @torch.no_grad()
@@ -72,10 +86,11 @@ class Normalizer(nn.Module):
         """Accumulate the statistics of a batch of teacher features.
 
         Runs in float64 with autocast disabled, as an exact streaming merge (Chan et al.) of
-        ``(count, mean, m2)``. Under torch.distributed every rank must call it together: the
-        batch's count and sum are all-reduced to the global batch mean, then its scatter
-        around that mean, and the global batch is merged in place. Every rank thus holds
-        the statistics one process would have on the union of all ranks' batches (which
+        ``(count, mean, m2)``. Under torch.distributed every rank of :attr:`process_group`
+        (default: the world) must call it together: the batch's count and sum are
+        all-reduced to the group's batch mean, then its scatter around that mean, and the
+        group's batch is merged in place. Every member thus holds the statistics one process
+        would have on the union of the group's batches (with the world as the group, this
         also makes DDP's buffer broadcast harmless).
 
         Args:
@@ -92,12 +107,12 @@ class Normalizer(nn.Module):
             for chunk in chunks:
                 sums[0] += chunk.shape[0]
                 sums[1:] += chunk.to(sums).sum(0)
-            count, total = _all_reduce(sums).split([1, self.dim])
+            count, total = _all_reduce(sums, self.process_group).split([1, self.dim])
             mean = total / count.clamp_min(1)
             m2 = torch.zeros_like(self.m2)
             for chunk in chunks:
                 m2 += self._scatter(chunk.to(sums) - mean)
-            self._merge(count[0], mean, _all_reduce(m2))
+            self._merge(count[0], mean, _all_reduce(m2, self.process_group))
 
     def _scatter(self, centered: Tensor) -> Tensor:
         """``Σ_rows c c^T`` for ``centered [N, dim]``: ``[dim, dim]``, or its diagonal."""
@@ -141,10 +156,29 @@ class Normalizer(nn.Module):
         self.weight.copy_(weight)
         self.theta.copy_(theta)
         # Every rank fits from identical statistics, but an eigensolver need not be bitwise
-        # deterministic across devices: rank 0's transform is the one every rank uses.
+        # deterministic across devices: the group's first rank's transform is the one every
+        # member uses.
         for buffer in (self.shift, self.weight, self.theta):
-            _broadcast_from_rank0(buffer)
+            _broadcast(buffer, self._group_source, self.process_group)
         self._set_fitted(True)
+
+    def broadcast_state(self, source: int) -> None:
+        """Copy every buffer (statistics and fit) from global rank ``source`` to all ranks.
+
+        With partitions, ranks outside a teacher's group never see its features; this hands
+        them the group's state (called by every rank together), so that the checkpoint rank 0
+        writes holds every teacher's statistics. No-op without torch.distributed.
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        for buffer in self.buffers():
+            if buffer.dtype == torch.bool:  # not every backend broadcasts bool
+                flag = buffer.to(torch.uint8)
+                dist.broadcast(flag, src=source)
+                buffer.copy_(flag.bool())
+            else:
+                dist.broadcast(buffer, src=source)
+        self._is_fitted = bool(self.fitted)
 
     def _fit(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(mu [dim], W, Θ)`` in float64 from the statistics; shapes as the buffers."""
@@ -260,14 +294,16 @@ class Normalizer(nn.Module):
         return super()._apply(keep_dtype, recurse)
 
 
-def _broadcast_from_rank0(t: Tensor) -> None:
-    """Overwrite ``t`` in place with rank 0's copy when torch.distributed is initialized."""
+def _broadcast(t: Tensor, source: int, group: dist.ProcessGroup | None) -> None:
+    """Overwrite ``t`` in place with global rank ``source``'s copy, over ``group`` (``None``:
+    the world), when torch.distributed is initialized."""
     if dist.is_available() and dist.is_initialized():
-        dist.broadcast(t, src=0)
+        dist.broadcast(t, src=source, group=group)
 
 
-def _all_reduce(t: Tensor) -> Tensor:
-    """Sum ``t`` in place over all ranks when torch.distributed is initialized."""
+def _all_reduce(t: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Sum ``t`` in place over ``group`` (``None``: all ranks) when torch.distributed is
+    initialized."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
     return t

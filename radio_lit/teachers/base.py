@@ -7,7 +7,7 @@ embedding, the DINOv2 CLS token, nothing for SAM) and spatial features ``z_k^(v)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -38,13 +38,18 @@ class Teacher(nn.Module):
     training checkpoints stay the student's size).
 
     Args:
-        resolution: side of the square view the teacher sees (pixels).
+        resolution: side of the square view the teacher sees (pixels); its native resolution.
         patch_size: pixels per feature cell of the teacher's output grid.
         mean: per-channel pixel mean used to normalize the view (RGB, 0-1 scale).
         std: per-channel pixel std.
+        follow_student: see the student's grid instead of the native resolution: the view is
+            ``student grid x patch_size`` pixels per side, so both grids match (RADIOv2.5 4.2:
+            DINOv2 "can infer images at any resolution"; CLIP teachers keep their native one).
     """
 
     has_summary: bool = True
+    #: Whether the loss may resample this teacher's features (SAM: no, PHI-S 3).
+    interpolatable: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -52,6 +57,7 @@ class Teacher(nn.Module):
         patch_size: int,
         mean: tuple[float, float, float],
         std: tuple[float, float, float],
+        follow_student: bool = False,
     ) -> None:
         super().__init__()
         if resolution % patch_size:
@@ -63,6 +69,7 @@ class Teacher(nn.Module):
         self.patch_size = patch_size
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self.follow_student = follow_student
 
     # -- dimensions -------------------------------------------------------------------------
     @property
@@ -80,6 +87,13 @@ class Teacher(nn.Module):
         """``(H, W)`` of the feature map for a full view."""
         side = self.resolution // self.patch_size
         return side, side
+
+    def view_size(self, student_grid: tuple[int, int]) -> tuple[int, int]:
+        """``(H, W)`` pixels of this teacher's view when the student's grid is ``student_grid``:
+        the native resolution, or ``student_grid * patch_size`` with ``follow_student``."""
+        if self.follow_student:
+            return student_grid[0] * self.patch_size, student_grid[1] * self.patch_size
+        return self.resolution, self.resolution
 
     # -- frozen behaviour -------------------------------------------------------------------
     def freeze(self) -> None:
@@ -101,18 +115,20 @@ class Teacher(nn.Module):
         return {} if destination is None else destination
 
     # -- forward ----------------------------------------------------------------------------
-    def view(self, crop: Tensor) -> Tensor:
+    def view(self, crop: Tensor, size: tuple[int, int] | None = None) -> Tensor:
         """Teacher input from the shared crop ``[B, 3, h, w]`` in ``[0, 1]``.
 
-        Returns ``[B, 3, resolution, resolution]``, resized and normalized by mean/std.
+        Returns ``[B, 3, H, W]`` (``size``, by default ``resolution`` squared), resized and
+        normalized by mean/std.
         """
-        return teacher_view(crop, self.resolution, self.mean, self.std)
+        return teacher_view(crop, size or self.resolution, self.mean, self.std)
 
     def encode(self, view: Tensor) -> TeacherOutput:
         """Run the encoder on a normalized view ``[B, 3, R, R]``."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def forward(self, crop: Tensor) -> TeacherOutput:
-        """Crop ``[B, 3, h, w]`` in ``[0, 1]`` -> :class:`TeacherOutput` (no grad)."""
-        return self.encode(self.view(crop))
+    def forward(self, crop: Tensor, size: tuple[int, int] | None = None) -> TeacherOutput:
+        """Crop ``[B, 3, h, w]`` in ``[0, 1]`` -> :class:`TeacherOutput` (no grad); ``size``
+        is the view's ``(H, W)`` (default: the native resolution, see :meth:`view_size`)."""
+        return self.encode(self.view(crop, size))

@@ -70,6 +70,9 @@ class DINOv2Teacher(Teacher):
         model_kwargs: timm backend: keyword arguments of ``timm.create_model`` (``depth``,
             ``embed_dim``, ``num_heads``, ``img_size``...). transformers backend: config
             overrides (``hidden_size``, ``num_hidden_layers``, ``num_register_tokens``...).
+        follow_student: run at the student's grid (view side ``student grid x 14``) instead of
+            ``resolution`` (RADIOv2.5 4.2: DINOv2 infers at any resolution); the timm model is
+            then built with ``dynamic_img_size=True`` (position embedding interpolated).
     """
 
     def __init__(
@@ -80,9 +83,12 @@ class DINOv2Teacher(Teacher):
         checkpoint: str | None = None,
         resolution: int | None = None,
         model_kwargs: dict[str, Any] | None = None,
+        follow_student: bool = False,
     ) -> None:
         kwargs = dict(model_kwargs or {})
         if backend == "timm":
+            if follow_student:
+                kwargs["dynamic_img_size"] = True
             net, spec = _build_timm(model, pretrained, checkpoint, resolution, kwargs)
         elif backend == "transformers":
             if checkpoint is not None:
@@ -93,7 +99,7 @@ class DINOv2Teacher(Teacher):
             net, spec = _build_transformers(model, pretrained, resolution, kwargs)
         else:
             raise ValueError(f"unknown backend {backend!r}; use 'timm' or 'transformers'.")
-        super().__init__(spec.resolution, spec.patch_size, spec.mean, spec.std)
+        super().__init__(spec.resolution, spec.patch_size, spec.mean, spec.std, follow_student)
         self.backend = backend
         self.model = net
         self.num_prefix_tokens = spec.num_prefix_tokens

@@ -1,10 +1,12 @@
-"""SAM image-encoder teacher with pad-and-crop views (AM-RADIO 3.4 and 4, PHI-S section 3).
+"""SAM image-encoder teacher with pad-and-crop or mosaic views (AM-RADIO 3.4 and 4, PHI-S
+section 3, RADIOv2.5 4.3).
 
 SAM gives dense features only (no summary). They are taken before the neck, i.e. the last
 block's output, as AM-RADIO does. SAM's encoder has absolute position embeddings for one input
 size, and downsampling its features degrades them (PHI-S section 3), so a smaller view is
 zero-padded bottom/right to the encoder's size and the features of the unpadded region are
-cropped out, never interpolated.
+cropped out, never interpolated; or, with ``mosaic``, ``k x k`` views share one encoder input
+(:mod:`radio_lit.teachers.mosaic`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 
 from radio_lit.teachers._errors import require_file, unknown_name
 from radio_lit.teachers.base import Teacher, TeacherOutput
+from radio_lit.teachers.mosaic import mosaic_layout, pack, unpack
 
 #: SAM's pixel normalization (``Sam.pixel_mean`` / ``pixel_std``) on the 0-1 scale.
 SAM_MEAN = (123.675 / 255, 116.28 / 255, 103.53 / 255)
@@ -38,10 +41,13 @@ _GET_WEIGHTS = (
 class SAMTeacher(Teacher):
     """Frozen SAM ViTDet image encoder; features before the neck, no summary.
 
-    AM-RADIO section 4 distills SAM ViT-H at 1024 px. A view ``[B, 3, R, R]`` with
-    ``R <= img_size`` is padded to ``[B, 3, img_size, img_size]``; the output is
-    ``features`` ``[B, R/16, R/16, C]`` (the top-left cells of the encoder's grid) and
-    ``summary=None``.
+    AM-RADIO section 4 distills SAM ViT-H at 1024 px. A view ``[B, 3, H, W]`` with
+    ``H, W <= img_size`` is padded to ``[B, 3, img_size, img_size]``; the output is
+    ``features`` ``[B, H/16, W/16, C]`` (the top-left cells of the encoder's grid) and
+    ``summary=None``. With ``mosaic``, square views of side ``R`` are packed ``k x k``
+    (``k = img_size // R``) into each encoder input (RADIOv2.5 4.3): ``ceil(B / k^2)``
+    forwards instead of ``B``, the same output shape. Its features are never interpolated
+    (``interpolatable = False``): the loss uses SAM's grid.
 
     Give exactly one of ``model_type`` (SAM's architecture, built by
     ``segment_anything.sam_model_registry``) or ``encoder_kwargs`` (a custom
@@ -53,9 +59,14 @@ class SAMTeacher(Teacher):
             ``image_encoder.*`` keys); ``None`` leaves random weights (tests, benchmarks).
         resolution: side of the view in pixels, at most the encoder's ``img_size`` (default).
         encoder_kwargs: keyword arguments of ``segment_anything.modeling.ImageEncoderViT``.
+        follow_student: take the student's view (side ``student grid x 16``) instead of
+            ``resolution``, e.g. for a multi-resolution student; it must fit in ``img_size``.
+        mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3) instead of padding
+            each view alone.
     """
 
     has_summary = False
+    interpolatable = False
 
     def __init__(
         self,
@@ -63,6 +74,8 @@ class SAMTeacher(Teacher):
         checkpoint: str | None = None,
         resolution: int | None = None,
         encoder_kwargs: dict[str, Any] | None = None,
+        follow_student: bool = False,
+        mosaic: bool = False,
     ) -> None:
         encoder = _build_encoder(model_type, encoder_kwargs)
         if checkpoint is not None:
@@ -77,7 +90,9 @@ class SAMTeacher(Teacher):
                 f"SAMTeacher resolution {resolution} exceeds the encoder's input size "
                 f"{encoder.img_size}; views are padded up to it, never shrunk."
             )
-        super().__init__(resolution, encoder.patch_embed.proj.kernel_size[0], SAM_MEAN, SAM_STD)
+        patch = encoder.patch_embed.proj.kernel_size[0]
+        super().__init__(resolution, patch, SAM_MEAN, SAM_STD, follow_student)
+        self.mosaic = mosaic
         encoder.neck = nn.Identity()  # features are taken before the neck
         self.model = encoder
         self._feature_dim = encoder.patch_embed.proj.out_channels
@@ -92,12 +107,25 @@ class SAMTeacher(Teacher):
         return None
 
     def encode(self, view: Tensor) -> TeacherOutput:
-        """``[B, 3, R, R]`` -> features ``[B, R/16, R/16, C]`` via pad-and-crop."""
-        pad = self.model.img_size - view.shape[-1]
-        padded = F.pad(view, (0, pad, 0, pad))  # zeros = the mean pixel after normalization
+        """``[B, 3, H, W]`` -> features ``[B, H/16, W/16, C]`` via pad-and-crop or mosaic."""
+        height, width = view.shape[-2:]
+        canvas = self.model.img_size
+        if height > canvas or width > canvas or height % self.patch_size or width % self.patch_size:
+            raise ValueError(
+                f"SAMTeacher got a {height}x{width} px view; SAM's encoder takes multiples of "
+                f"{self.patch_size} px up to {canvas} px (a student resolution above {canvas} "
+                "cannot be matched against SAM without interpolation)"
+            )
+        if self.mosaic and height == width:
+            layout = mosaic_layout(height, canvas, self.patch_size)
+            if layout.k > 1:
+                features = self.model(pack(view, layout)).permute(0, 2, 3, 1)
+                return TeacherOutput(summary=None, features=unpack(features, layout, len(view)))
+        # zeros = the mean pixel after normalization
+        padded = F.pad(view, (0, canvas - width, 0, canvas - height))
         tokens = self.model(padded).permute(0, 2, 3, 1)  # [B, img/16, img/16, C]
-        side = view.shape[-1] // self.patch_size
-        return TeacherOutput(summary=None, features=tokens[:, :side, :side])
+        rows, cols = height // self.patch_size, width // self.patch_size
+        return TeacherOutput(summary=None, features=tokens[:, :rows, :cols])
 
 
 def _build_encoder(

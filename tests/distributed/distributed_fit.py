@@ -3,7 +3,7 @@
 Usage::
 
     PYTHONPATH=<repo root> MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> \\
-        python tests/distributed/distributed_fit.py {ddp|fsdp2} OUTPUT_DIR
+        python tests/distributed/distributed_fit.py {ddp|fsdp2|partitions} OUTPUT_DIR
 
 Both strategies re-launch ``sys.argv`` for rank 1 (Lightning's ``_SubprocessScriptLauncher``),
 which is why this is a script run in a subprocess and not a test body (DESIGN.md,
@@ -11,7 +11,9 @@ which is why this is a script run in a subprocess and not a test body (DESIGN.md
 
 - ``ddp``: ``DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)``;
 - ``fsdp2``: ``ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)``, so that
-  :meth:`DistillationModule.configure_model` shards the student and heads with ``fully_shard``.
+  :meth:`DistillationModule.configure_model` shards the student and heads with ``fully_shard``;
+- ``partitions``: DDP as above with two partitions (:func:`build_partitioned_module`), one per
+  rank.
 
 Tiny CLIP, DINOv2 and SAM teachers, a tiny CPE ViT student, PHI-S normalizers,
 ``TeacherStatsEstimation(steps=3, refit_every=1)``, ``FreezeBody(steps=2)``, ``MAX_STEPS``
@@ -35,7 +37,8 @@ from torch import Tensor
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
-from tests.builders import cpu_trainer, tiny_module
+from radio_lit.partitions import Partition
+from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0
 MAX_STEPS = 4
@@ -52,6 +55,28 @@ def build_module(seed: int = SEED) -> DistillationModule:
     teachers, SAM without a summary); the same seed builds the same teachers anywhere."""
     torch.manual_seed(seed)
     return tiny_module(normalizer=PhiS)
+
+
+#: Two partitions, one per rank on 2 ranks: DINOv2 is in both (its statistics pool both
+#: ranks), CLIP runs on rank 0 only, SAM on rank 1 only.
+PARTITIONS = {
+    "clip_dino": Partition(teachers=["clip", "dino"], batch_size=BATCH_SIZE),
+    "dino_sam": Partition(teachers=["dino", "sam"], batch_size=BATCH_SIZE // 2),
+}
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    """Plain SGD: the step is proportional to the gradient, so a test of the update sees any
+    error in the partitions' loss weights (Adam would hide a common scale)."""
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def build_partitioned_module(seed: int = SEED) -> DistillationModule:
+    """``build_module`` with :data:`PARTITIONS`, SGD and a deterministic CPE (whole grid),
+    so that a 1-process run on the same images takes exactly the same steps."""
+    torch.manual_seed(seed)
+    student = tiny_student(cpe_min_scale=1.0, cpe_max_aspect=1.0)
+    return tiny_module(student=student, normalizer=PhiS, partitions=PARTITIONS, optimizer=_sgd)
 
 
 def _full(t: Tensor) -> Tensor:
@@ -117,7 +142,7 @@ def main(kind: str, output: Path) -> None:
 
     seed_everything(SEED, verbose=False)
     timeout = timedelta(seconds=TIMEOUT_S)
-    if kind == "ddp":
+    if kind in ("ddp", "partitions"):
         strategy = DDPStrategy(
             process_group_backend="gloo", broadcast_buffers=False, timeout=timeout
         )
@@ -129,9 +154,9 @@ def main(kind: str, output: Path) -> None:
             timeout=timeout,
         )
     else:
-        raise SystemExit(f"unknown strategy {kind!r}: use ddp or fsdp2")
+        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2 or partitions")
 
-    module = build_module()
+    module = build_partitioned_module() if kind == "partitions" else build_module()
     recorder = Recorder()
     trainer = cpu_trainer(
         output,

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from radio_lit.data.views import teacher_view
+from radio_lit.grid import resample
 from radio_lit.losses import MSE
-from radio_lit.module import DistillationModule, resize_features
+from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, Standardize
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 
@@ -34,7 +35,7 @@ def test_losses_cover_every_teacher_and_skip_sam_summary():
     crop = torch.rand(2, 3, 96, 96)
     outputs = module.run_teachers(crop)
     losses = module.distillation_losses(
-        module.match(crop, outputs, module.normalized_targets(outputs))
+        module.match(crop, outputs, module.normalized_targets([outputs])[0])
     )
     assert set(losses) == {
         "clip/feature_loss",
@@ -50,14 +51,14 @@ def test_feature_loss_compares_the_student_map_resized_to_the_teacher_grid():
     module = tiny_module(loss=MSE())
     crop = torch.rand(2, 3, 96, 96)
     outputs = module.run_teachers(crop)
-    targets = module.normalized_targets(outputs)
+    (targets,) = module.normalized_targets([outputs])
     module.student.eval()  # deterministic CPE for the reference computation
     losses = module.distillation_losses(module.match(crop, outputs, targets))
     student = module.student(teacher_view(crop, 64, module.student_mean, module.student_std))
     for name, target in targets.items():
         grid = module.teachers[name].grid_size
         assert target.shape[1:3] == grid
-        prediction = resize_features(module.heads[name].features(student.features), grid)
+        prediction = resample(module.heads[name].features(student.features), grid)
         expected = torch.mean((prediction - target) ** 2)
         assert losses[f"{name}/feature_loss"].item() == pytest.approx(expected.item(), rel=1e-4)
 
