@@ -27,7 +27,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.losses import MSE, Cosine
 from radio_lit.normalizers import Identity, Normalizer
-from radio_lit.students import CPEViT, TeacherHeads
+from radio_lit.students import CPEViT, TeacherHeads, shard_student
+from radio_lit.students.spectral_reparam import SPECTRAL_SCALE
 from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
@@ -37,6 +38,8 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 _TEACHERS_PREFIX = "teachers."
 _STUDENT_PREFIXES = ("student.", "heads.")
+# Decayed whatever their shape: σReparam scales, so that spectral norms stay small (PHI-S A.7).
+_ALWAYS_DECAYED = (SPECTRAL_SCALE,)
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
@@ -85,8 +88,9 @@ class DistillationModule(pl.LightningModule):
         student: the student backbone (a :class:`~radio_lit.students.CPEViT`).
         teachers: frozen teachers keyed by name (names key every per-teacher option).
         student_resolution: student input side, or ``(H, W)``; a multiple of its patch size.
-        student_mean: pixel mean of the student's input normalization.
-        student_std: pixel std of the student's input normalization.
+        student_mean: pixel mean of the student's input normalization; ``None`` takes the
+            student's own (``student.pixel_mean``: its timm pretrained config).
+        student_std: pixel std likewise (``student.pixel_std``).
         normalizer: normalizer kind for every teacher's features, called with the feature
             width to build one instance per teacher (PHI-S 2.2; ``Identity`` = MSE baseline).
         normalizer_overrides: per-teacher normalizer kinds that replace ``normalizer``.
@@ -98,7 +102,8 @@ class DistillationModule(pl.LightningModule):
             without a summary, such as SAM, have none).
         optimizer: builds the optimizer from parameter groups of the student and heads only
             (AdamW, LR 1e-3, weight decay 0.02 by default; e.g. ``timm.optim.Lamb`` for the
-            PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay.
+            PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay;
+            σReparam scales always do (PHI-S A.7).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
         init_from: checkpoint of an earlier stage; only the student and head weights are
@@ -110,8 +115,8 @@ class DistillationModule(pl.LightningModule):
         student: CPEViT,
         teachers: dict[str, Teacher],
         student_resolution: int | tuple[int, int] = 256,
-        student_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
-        student_std: tuple[float, float, float] = (0.229, 0.224, 0.225),
+        student_mean: tuple[float, float, float] | None = None,
+        student_std: tuple[float, float, float] | None = None,
         normalizer: NormalizerFactory = Identity,
         normalizer_overrides: dict[str, NormalizerFactory] | None = None,
         loss: nn.Module | None = None,
@@ -146,8 +151,8 @@ class DistillationModule(pl.LightningModule):
             if isinstance(student_resolution, int)
             else tuple(student_resolution)
         )
-        self.student_mean = tuple(student_mean)
-        self.student_std = tuple(student_std)
+        self.student_mean = tuple(student_mean or student.pixel_mean)
+        self.student_std = tuple(student_std or student.pixel_std)
         self.feature_loss = loss if loss is not None else MSE()
         self.summary_loss = summary_loss if summary_loss is not None else Cosine()
         self.feature_weights = self._per_teacher(feature_weights, "feature_weights")
@@ -251,9 +256,7 @@ class DistillationModule(pl.LightningModule):
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
         )
-        for block in self.student.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(self.student, mesh=mesh, mp_policy=policy)
+        shard_student(self.student, mesh, policy)
         for heads in self.heads.values():
             for head in (heads.features, heads.summary):
                 if head is not None:
@@ -268,7 +271,9 @@ class DistillationModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         decay, no_decay = [], []
         for name, param in self.trainable_parameters():
-            exempt = param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
+            exempt = not name.endswith(_ALWAYS_DECAYED) and (
+                param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
+            )
             (no_decay if exempt else decay).append(param)
         optimizer = self.optimizer_factory(
             [

@@ -29,7 +29,7 @@ def test_runs_at_any_resolution_and_aspect_ratio(size, training):
 def test_eval_position_embeddings_are_the_resized_grid_windowed():
     student = tiny_student().eval()
     full = student.position_embeddings(1, (16, 16))
-    assert torch.equal(full[0].permute(2, 0, 1), student.pos_embed[0])
+    assert torch.equal(full[0].reshape(16 * 16, 32), student.pos_embed)  # row-major [G*G, D]
     # A non-square input takes the top-left window of the grid resized to its longest side.
     wide = student.position_embeddings(1, (4, 8))
     square = student.position_embeddings(1, (8, 8))
@@ -56,7 +56,7 @@ def test_cpe_grid_is_initialized_from_timm_position_embeddings():
     torch.manual_seed(0)
     student = tiny_student(max_resolution=224)  # 14 x 14 positions: timm's own grid size
     timm_grid = reference.pos_embed[0, 1:].reshape(14, 14, 32)
-    assert torch.allclose(student.pos_embed[0].permute(1, 2, 0), timm_grid, atol=1e-6)
+    assert torch.allclose(student.pos_embed.reshape(14, 14, 32), timm_grid, atol=1e-6)
 
 
 def test_bad_inputs_have_clear_errors():
