@@ -63,6 +63,16 @@ class StudentOutput:
     features: Tensor
 
 
+def cpe_eval_window(grid: Tensor, hw: tuple[int, int], align_corners: bool) -> Tensor:
+    """Eval-mode CPE: the grid ``[1, D, G, G]`` bilinearly resized to the longest side of the
+    ``h x w`` patch grid, and its top-left window ``[1, D, h, w]`` (AM-RADIO 4)."""
+    h, w = hw
+    side = max(h, w)
+    if side != grid.shape[-1]:
+        grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=align_corners)
+    return grid[:, :, :h, :w]
+
+
 def _timm_vit(name: str, pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:
     if name not in timm.list_models(pretrained=False):
         close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
@@ -96,12 +106,18 @@ class CPEViT(nn.Module):
         checkpoint: optional local file with a ``state_dict`` of the timm model.
         max_resolution: pixels covered by the CPE grid side; the grid holds
             ``max_resolution / patch_size`` positions per side (AM-RADIO: 128 -> 2048 px at /16).
-        num_cls_tokens: summary tokens (one shared, or one per summary teacher).
+        num_cls_tokens: summary tokens: one shared, one per summary teacher, or one per
+            teacher, SAM included (NVlabs/RADIO's layout, ``cls_token_per_teacher``; a RADIO
+            export needs 1 or this).
         num_registers: extra register tokens, dropped from the outputs.
         model_kwargs: extra timm constructor arguments (depth, embed_dim, num_heads, …).
         cpe_min_scale: smallest side fraction of the grid a training crop covers
             (sqrt(0.1) gives 10% of the area, as in RADIO).
         cpe_max_aspect: largest aspect-ratio distortion of a training crop (4/3).
+        cpe_align_corners: how eval mode resizes the CPE grid to the input's longest side.
+            ``True`` samples grid corners as training's windows do; ``False`` resizes as
+            NVlabs/RADIO's inference code does (``ViTPatchGenerator``: bilinear,
+            ``align_corners=False``), which a RADIO-format export requires.
         pixel_mean: per-channel mean of the input normalization; ``None`` takes the timm
             model's pretrained config (``vit.pretrained_cfg["mean"]``, e.g. 0.5 for augreg).
         pixel_std: per-channel std, likewise from ``vit.pretrained_cfg["std"]`` by default.
@@ -127,6 +143,7 @@ class CPEViT(nn.Module):
         model_kwargs: dict[str, Any] | None = None,
         cpe_min_scale: float = math.sqrt(0.1),
         cpe_max_aspect: float = 4.0 / 3.0,
+        cpe_align_corners: bool = True,
         pixel_mean: Triple | None = None,
         pixel_std: Triple | None = None,
         spectral_reparam: bool = True,
@@ -157,6 +174,7 @@ class CPEViT(nn.Module):
         self.num_registers = num_registers
         self.cpe_min_scale = cpe_min_scale
         self.cpe_log_aspect = math.log(cpe_max_aspect)
+        self.cpe_align_corners = cpe_align_corners
 
         self.grid_side = max_resolution // self.patch_size
         self.pos_embed = nn.Parameter(self._initial_grid(vit))
@@ -255,10 +273,7 @@ class CPEViT(nn.Module):
         h, w = hw
         if self.training:
             return self._random_window(grid, batch, h, w).permute(0, 2, 3, 1)
-        side = max(h, w)
-        if side != self.grid_side:
-            grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=True)
-        return grid[:, :, :h, :w].permute(0, 2, 3, 1)
+        return cpe_eval_window(grid, hw, self.cpe_align_corners).permute(0, 2, 3, 1)
 
     def _random_window(self, grid: Tensor, batch: int, h: int, w: int) -> Tensor:
         """Resample a random window (scale, aspect, offset per sample) to ``[B, D, h, w]``."""
