@@ -153,6 +153,9 @@ class CPEViT(nn.Module):
     ) -> None:
         super().__init__()
         vit = _timm_vit(model, pretrained, dict(model_kwargs or {}))
+        # The timm architecture, as a RADIO export records it (``args.model``, ``model_kwargs``).
+        self.timm_model = model
+        self.timm_kwargs = dict(model_kwargs or {})
         if checkpoint is not None:
             path = Path(checkpoint)
             if not path.is_file():
