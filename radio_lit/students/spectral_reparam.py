@@ -33,8 +33,33 @@ from torch import Tensor, nn
 SPECTRAL_SCALE = "spectral_scale"
 """Name of the gamma parameter; weight decay always applies to it (PHI-S A.7)."""
 
-_INIT_POWER_ITERATIONS = 30
+_INIT_POWER_ITERATIONS = 20
 _EPS = 1e-12
+
+
+@torch.no_grad()
+def _power_iteration(mats: Tensor, u: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """``steps`` power iterations on ``mats [C, m, n]`` from ``u [C, m]``: unit ``(u, v)``."""
+    u = u.unsqueeze(-1)
+    for _ in range(steps):
+        v = F.normalize(mats.transpose(1, 2) @ u, dim=1, eps=_EPS)
+        u = F.normalize(mats @ v, dim=1, eps=_EPS)
+    return u.squeeze(-1), v.squeeze(-1)
+
+
+def _sigma(mats: Tensor, u: Tensor, v: Tensor) -> Tensor:
+    """``[C]`` spectral-norm estimates ``u^T W v`` of ``mats [C, m, n]``."""
+    return (u.unsqueeze(1) @ mats @ v.unsqueeze(-1)).reshape(-1).clamp_min(_EPS)
+
+
+@torch.no_grad()
+def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(u, v, sigma)`` of ``mats [C, m, n]`` after :data:`_INIT_POWER_ITERATIONS` steps from a
+    fixed start (the same on every rank; the global RNG is left alone)."""
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(mats.shape[:2], generator=generator).to(mats.device)
+    u, v = _power_iteration(mats, F.normalize(start, dim=-1), _INIT_POWER_ITERATIONS)
+    return u, v, _sigma(mats, u, v)
 
 
 class SpectralLinear(nn.Linear):
@@ -92,36 +117,27 @@ class SpectralLinear(nn.Linear):
         return weight.float().reshape(self.chunks, -1, self.in_features)
 
     @torch.no_grad()
-    def _power_iteration(self, mats: Tensor, steps: int) -> None:
-        u, v = self.spectral_u.float(), self.spectral_v.float()
-        for _ in range(steps):
-            v = F.normalize(torch.einsum("cij,ci->cj", mats, u), dim=-1, eps=_EPS)
-            u = F.normalize(torch.einsum("cij,cj->ci", mats, v), dim=-1, eps=_EPS)
-        self.spectral_u.copy_(u)
-        self.spectral_v.copy_(v)
-
-    def sigma(self, weight: Tensor | None = None) -> Tensor:
-        """``[C]`` spectral-norm estimates ``u^T W v`` (differentiable in ``W``), float32."""
-        mats = self._matrices(self.weight if weight is None else weight)
-        u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
-        return torch.einsum("ci,cij,cj->c", u, mats, v).clamp_min(_EPS)
-
-    @torch.no_grad()
     def reset_spectral_state(self) -> None:
         """Converge ``u``, ``v`` on the current weight and set ``gamma = sigma`` (identity)."""
-        generator = torch.Generator().manual_seed(0)  # the same on every rank; no global RNG
-        u = torch.randn(self.spectral_u.shape, generator=generator)
-        self.spectral_u.copy_(F.normalize(u, dim=-1))
-        self._power_iteration(self._matrices(self.weight), _INIT_POWER_ITERATIONS)
-        self.spectral_scale.copy_(self.sigma())
+        u, v, sigma = _converged_state(self._matrices(self.weight))
+        self.spectral_u.copy_(u)
+        self.spectral_v.copy_(v)
+        self.spectral_scale.copy_(sigma)
 
     def effective_weight(self) -> Tensor:
-        """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk."""
+        """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk.
+
+        In training mode one power iteration (no gradient) first refines ``u`` and ``v``.
+        """
         weight = self.weight
+        mats = self._matrices(weight)
         if self.training:
-            self._power_iteration(self._matrices(weight), 1)
-        factor = self.spectral_scale.float() / self.sigma(weight)
-        scaled = self._matrices(weight) * factor[:, None, None]
+            u, v = _power_iteration(mats.detach(), self.spectral_u.float(), 1)
+            self.spectral_u.copy_(u)
+            self.spectral_v.copy_(v)
+        u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
+        factor = self.spectral_scale.float() / _sigma(mats, u, v)
+        scaled = mats * factor[:, None, None]
         return scaled.reshape(self.out_features, self.in_features).to(weight.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -147,14 +163,8 @@ class SpectralLinear(nn.Linear):
         weight = state_dict.get(prefix + "weight")
         plain = weight is not None and weight.shape == self.weight.shape
         if plain and not any(n in state_dict for n in names):
-            derived = SpectralLinear(
-                self.in_features, self.out_features, bias=False, chunks=self.chunks
-            )
-            derived.weight.data.copy_(weight)
-            derived.reset_spectral_state()
-            state_dict[names[0]] = derived.spectral_scale.detach()
-            state_dict[names[1]] = derived.spectral_u
-            state_dict[names[2]] = derived.spectral_v
+            u, v, sigma = _converged_state(self._matrices(weight))
+            state_dict.update(zip(names, (sigma, u, v), strict=True))
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
