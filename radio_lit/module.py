@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
+from radio_lit.export import module_inference_model
 from radio_lit.losses import MSE, Cosine
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import CPEViT, TeacherHeads, shard_student
@@ -63,6 +64,30 @@ class TeacherMatch:
     target: Tensor
     summary: Tensor | None = None
     summary_target: Tensor | None = None
+
+
+def summary_token_slots(has_summary: Mapping[str, bool], num_tokens: int) -> dict[str, int]:
+    """Teacher name -> index of the student summary token its summary head reads.
+
+    ``num_tokens`` is 1 (shared token), the number of teachers with a summary (the k-th of
+    them reads token k), or the number of teachers (teacher i reads token i: NVlabs/RADIO's
+    ``cls_token_per_teacher`` layout, where a teacher without summary, such as SAM, leaves its
+    token unused). Teachers without a summary get no entry.
+    """
+    names = list(has_summary)
+    with_summary = [n for n in names if has_summary[n]]
+    if num_tokens == 1:
+        return dict.fromkeys(with_summary, 0)
+    if num_tokens == len(with_summary):
+        return {n: i for i, n in enumerate(with_summary)}
+    if num_tokens == len(names):
+        return {n: names.index(n) for n in with_summary}
+    raise ValueError(
+        f"the student has {num_tokens} summary tokens for {len(names)} teachers, "
+        f"{len(with_summary)} of them with a summary ({with_summary}); set "
+        f"model.student.init_args.num_cls_tokens to 1 (shared), {len(with_summary)} (one per "
+        f"summary teacher) or {len(names)} (one per teacher, NVlabs/RADIO's layout)"
+    )
 
 
 def resize_features(features: Tensor, size: tuple[int, int]) -> Tensor:
@@ -199,15 +224,8 @@ class DistillationModule(pl.LightningModule):
 
     def _assign_summary_tokens(self) -> dict[str, int]:
         """Teacher name -> index of the student summary token its summary head reads."""
-        with_summary = [n for n, t in self.teachers.items() if t.summary_dim is not None]
-        tokens = self.student.num_cls_tokens
-        if tokens not in (1, len(with_summary)):
-            raise ValueError(
-                f"the student has {tokens} summary tokens but {len(with_summary)} teachers "
-                f"have a summary ({with_summary}); use num_cls_tokens=1 (shared) or "
-                f"{len(with_summary)} (one per teacher)"
-            )
-        return {name: (i if tokens > 1 else 0) for i, name in enumerate(with_summary)}
+        has_summary = {n: t.summary_dim is not None for n, t in self.teachers.items()}
+        return summary_token_slots(has_summary, self.student.num_cls_tokens)
 
     # -- checkpoints --------------------------------------------------------------------------
     @staticmethod
@@ -417,22 +435,19 @@ class DistillationModule(pl.LightningModule):
     def test_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         return self._shared_step(batch, "test")
 
+    def on_predict_start(self) -> None:
+        self._inference = None  # rebuilt from the current weights by the first predict_step
+
     def predict_step(self, batch: Tensor, batch_idx: int) -> dict[str, TeacherOutput]:
         """The student's estimate of every teacher, in the teacher's original space.
 
-        Returns ``{name: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}``
-        with features denormalized by the teacher's normalizer (PHI-S 2.2).
+        Runs the exported inference model (:func:`radio_lit.export.module_inference_model`,
+        what ``radio-lit export`` writes and ``radio_lit.load`` returns: normalizers folded
+        into the feature heads, PHI-S A.6) on the crop resized to the student resolution.
+        Returns ``{"backbone": TeacherOutput(summary [B, D], features [B, h, w, D]),
+        name: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}``.
         """
-        crop = as_float_images(batch)
-        view = teacher_view(crop, self.student_resolution, self.student_mean, self.student_std)
-        student = self.student(view)
-        estimates = {}
-        for name, heads in self.heads.items():
-            features = self.normalizers[name].inverse(heads.features(student.features))
-            summary = (
-                heads.summary(student.summary[:, self.summary_token[name]])
-                if heads.summary is not None
-                else None
-            )
-            estimates[name] = TeacherOutput(summary=summary, features=features)
-        return estimates
+        if getattr(self, "_inference", None) is None:
+            # A plain attribute, not a submodule: a folded copy, never trained or saved.
+            object.__setattr__(self, "_inference", module_inference_model(self))
+        return self._inference(resize_view(as_float_images(batch), self.student_resolution))

@@ -189,8 +189,9 @@ def test_predict_returns_estimates_in_the_teacher_space(tmp_path):
         module.normalizers[name].fit()
     module.eval()
     estimates = module.predict_step((crop * 255).to(torch.uint8), 0)
-    for name, estimate in estimates.items():
-        normalizer = module.normalizers[name]
+    assert set(estimates) == {"backbone", *module.teachers}
+    for name in module.teachers:
+        estimate, normalizer = estimates[name], module.normalizers[name]
         view = teacher_view(crop, 64, module.student_mean, module.student_std)
         normalized = module.heads[name].features(module.student(view).features)
         assert estimate.features.shape[-1] == module.teachers[name].feature_dim
