@@ -110,6 +110,7 @@ def radio_config(
             "num_cls_tokens": num_tokens,
             "num_registers": student.num_registers,
             "cpe_align_corners": student.cpe_align_corners,
+            "timm_img_size": list(student.patch_embed.img_size),
             "preferred_resolution": list(resolution),
         },
     }
@@ -130,6 +131,13 @@ def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
             f"the student has {extras['num_cls_tokens']} summary tokens; RADIO has one shared "
             f"token or one per teacher ({len(teachers)}, SAM included): train with "
             f"model.student.init_args.num_cls_tokens: {len(teachers)}"
+        )
+    side = config["cpe_max_size"]
+    if extras.get("timm_img_size") == [side, side]:
+        problems.append(
+            f"the CPE grid covers {side} px, the timm model's img_size, for which RADIO's loader "
+            "turns CPE off: set model.student.init_args.max_resolution to another multiple of "
+            "the patch size (2048 in the stage configs)"
         )
     digit_names = [t["name"] for t in teachers if t["name"][:1].isdigit()]
     if digit_names:
