@@ -139,7 +139,7 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
     assert [Path(p).name for p in written] == ["last.pth", "last.safetensors", "last.json"]
     images = torch.rand(2, 3, 64, 64)
     own = own_outputs(trained, images)
-    for path in written[:2]:
+    for path in [*written[:2], checkpoint]:  # a training checkpoint loads directly too
         with torch.no_grad():
             outputs = radio_lit.load(path)(images)
         torch.testing.assert_close(outputs["sam"].features, own["sam"][1], rtol=1e-4, atol=1e-4)
