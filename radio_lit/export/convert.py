@@ -111,6 +111,8 @@ def radio_config(
             "num_registers": student.num_registers,
             "cpe_align_corners": student.cpe_align_corners,
             "timm_img_size": list(student.patch_embed.img_size),
+            "vitdet_window_size": student.vitdet_eval_window_size,
+            "vitdet_windowed": list(student.windowed),
             "preferred_resolution": list(resolution),
         },
     }
@@ -138,6 +140,12 @@ def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
             f"the CPE grid covers {side} px, the timm model's img_size, for which RADIO's loader "
             "turns CPE off: set model.student.init_args.max_resolution to another multiple of "
             "the patch size (2048 in the stage configs)"
+        )
+    if extras.get("vitdet_window_size") is not None:
+        problems.append(
+            "the student attends within ViTDet windows in eval mode, which RADIO's loader only "
+            "does when asked (its vitdet_window_size argument): export with "
+            "model.student.init_args.vitdet_eval_window_size: null"
         )
     digit_names = [t["name"] for t in teachers if t["name"][:1].isdigit()]
     if digit_names:
@@ -207,7 +215,13 @@ def inference_model(
         feature_heads[name] = fold_normalizer(head.features, normalizers[name])
     model = RadioLitModel(
         config,
-        RadioBackbone(generator, student.blocks, student.norm),
+        RadioBackbone(
+            generator,
+            student.blocks,
+            student.norm,
+            student.vitdet_eval_window_size,
+            list(student.windowed),
+        ),
         InputConditioner(tuple(pixel_mean), tuple(pixel_std)),
         summary_heads,
         feature_heads,

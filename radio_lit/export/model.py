@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from radio_lit.students import MLPHead
 from radio_lit.students.cpe_vit import cpe_eval_window
+from radio_lit.students.vitdet import run_windowed
 from radio_lit.teachers.base import TeacherOutput
 
 #: radio-lit's MLPHead layer names -> RADIO's adaptor MLP "v2" names (``adaptor_mlp.MLP2``).
@@ -105,16 +106,36 @@ class PatchGenerator(nn.Module):
 
 class RadioBackbone(nn.Module):
     """The student trunk in RADIO's layout (``base_model``): ``[B, 3, H, W] -> [B, P + h w, D]``
-    normalized images to tokens after the final norm."""
+    normalized images to tokens after the final norm.
 
-    def __init__(self, patch_generator: PatchGenerator, blocks: nn.Module, norm: nn.Module) -> None:
+    With ``window_size``, the blocks marked in ``windowed`` attend within ViTDet windows
+    (the student's ``vitdet_eval_window_size``, AM-RADIO supplement C) when the windows tile
+    the patch grid; otherwise every block is global.
+    """
+
+    def __init__(
+        self,
+        patch_generator: PatchGenerator,
+        blocks: nn.Module,
+        norm: nn.Module,
+        window_size: int | None = None,
+        windowed: list[bool] | None = None,
+    ) -> None:
         super().__init__()
         self.patch_generator = patch_generator
         self.blocks = blocks
         self.norm = norm
+        self.window_size = window_size
+        self.windowed = windowed
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.norm(self.blocks(self.patch_generator(images)))
+        tokens = self.patch_generator(images)
+        p, window = self.patch_generator.patch_size, self.window_size
+        h, w = images.shape[-2] // p, images.shape[-1] // p
+        if window is None or self.windowed is None or h % window or w % window:
+            return self.norm(self.blocks(tokens))
+        prefix = self.patch_generator.cls_token.token.shape[0]
+        return self.norm(run_windowed(self.blocks, tokens, prefix, (h, w), window, self.windowed))
 
 
 def timm_trunk(config: dict[str, Any]) -> nn.Module:
@@ -210,7 +231,13 @@ class RadioLitModel(nn.Module):
             projections[name] = _head_like(state, f"_feature_projections.{name}.")
         model = cls(
             config,
-            RadioBackbone(generator, vit.blocks, norm),
+            RadioBackbone(
+                generator,
+                vit.blocks,
+                norm,
+                extras.get("vitdet_window_size"),
+                extras.get("vitdet_windowed"),
+            ),
             InputConditioner((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
             heads,
             projections,

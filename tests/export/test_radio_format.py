@@ -88,6 +88,26 @@ def test_load_returns_the_inference_model(trained, exported: Path, suffix: str) 
         model(torch.rand(1, 3, 50, 70))
 
 
+def test_vitdet_eval_windows_are_exported(trained, tmp_path: Path) -> None:
+    """A student running ViTDet windows in eval mode (2x2 patches) exports them."""
+    trained.student.vitdet_eval_window_size = 2
+    try:
+        model = module_inference_model(trained)
+        path, _ = save_safetensors(model, tmp_path / "windowed.safetensors")
+        with pytest.raises(ValueError, match="vitdet_eval_window_size: null"):
+            save_radio(model, tmp_path / "windowed.pth")
+        images = torch.rand(1, 3, 64, 96)
+        with torch.no_grad():
+            loaded = radio_lit.load(path)(images)
+        own = own_outputs(trained, images)
+    finally:
+        trained.student.vitdet_eval_window_size = None
+    torch.testing.assert_close(loaded["dino"].features, own["dino"][1], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        unwindowed = own_outputs(trained, images)["dino"][1]
+    assert not torch.allclose(loaded["dino"].features, unwindowed, atol=1e-3)
+
+
 def test_padding_option_accepts_any_resolution(exported: Path) -> None:
     model = radio_lit.load(exported / "student.safetensors", pad=True)
     images = torch.rand(1, 3, 50, 70)
