@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DistillationModule"]
+__all__ = ["DistillationModule", "load"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `import radio_lit.normalizers` does not import Lightning.
+    if name == "load":
+        from radio_lit.export import load
+
+        return load
     if name == "DistillationModule":
         from radio_lit.module import DistillationModule
 

@@ -37,6 +37,7 @@ class RadioLitCLI(LightningCLI):
 #: name -> ``"module:function"``; the function takes the arguments after the name.
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
+    "export": "radio_lit.export.cli:main",
 }
 
 

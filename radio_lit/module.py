@@ -28,12 +28,14 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
+from radio_lit.export import module_inference_model
 from radio_lit.grid import GridPolicy, check_policies, loss_grid, resample
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.partitions import Chunk, Partition, PartitionPlan
-from radio_lit.students import CPEViT, TeacherHeads
+from radio_lit.students import CPEViT, TeacherHeads, shard_student
+from radio_lit.students.spectral_reparam import SPECTRAL_SCALE
 from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
@@ -43,6 +45,8 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 _TEACHERS_PREFIX = "teachers."
 _STUDENT_PREFIXES = ("student.", "heads.")
+# Decayed whatever their shape: σReparam scales, so that spectral norms stay small (PHI-S A.7).
+_ALWAYS_DECAYED = (SPECTRAL_SCALE,)
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
@@ -68,6 +72,30 @@ class TeacherMatch:
     summary_target: Tensor | None = None
 
 
+def summary_token_slots(has_summary: Mapping[str, bool], num_tokens: int) -> dict[str, int]:
+    """Teacher name -> index of the student summary token its summary head reads.
+
+    ``num_tokens`` is 1 (shared token), the number of teachers with a summary (the k-th of
+    them reads token k), or the number of teachers (teacher i reads token i: NVlabs/RADIO's
+    ``cls_token_per_teacher`` layout, where a teacher without summary, such as SAM, leaves its
+    token unused). Teachers without a summary get no entry.
+    """
+    names = list(has_summary)
+    with_summary = [n for n in names if has_summary[n]]
+    if num_tokens == 1:
+        return dict.fromkeys(with_summary, 0)
+    if num_tokens == len(with_summary):
+        return {n: i for i, n in enumerate(with_summary)}
+    if num_tokens == len(names):
+        return {n: names.index(n) for n in with_summary}
+    raise ValueError(
+        f"the student has {num_tokens} summary tokens for {len(names)} teachers, "
+        f"{len(with_summary)} of them with a summary ({with_summary}); set "
+        f"model.student.init_args.num_cls_tokens to 1 (shared), {len(with_summary)} (one per "
+        f"summary teacher) or {len(names)} (one per teacher, NVlabs/RADIO's layout)"
+    )
+
+
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """LR multiplier: linear warm-up to 1, then cosine annealing to ``min_ratio``."""
     if step < warmup_steps:
@@ -83,8 +111,9 @@ class DistillationModule(pl.LightningModule):
         student: the student backbone (a :class:`~radio_lit.students.CPEViT`).
         teachers: frozen teachers keyed by name (names key every per-teacher option).
         student_resolution: student input side, or ``(H, W)``; a multiple of its patch size.
-        student_mean: pixel mean of the student's input normalization.
-        student_std: pixel std of the student's input normalization.
+        student_mean: pixel mean of the student's input normalization; ``None`` takes the
+            student's own (``student.pixel_mean``: its timm pretrained config).
+        student_std: pixel std likewise (``student.pixel_std``).
         normalizer: normalizer kind for every teacher's features, called with the feature
             width to build one instance per teacher (PHI-S 2.2; ``Identity`` = MSE baseline).
         normalizer_overrides: per-teacher normalizer kinds that replace ``normalizer``.
@@ -99,7 +128,8 @@ class DistillationModule(pl.LightningModule):
             ``AdaLoss``, ``Uncertainty``, ``TeacherDropping``: see radio_lit.losses).
         optimizer: builds the optimizer from parameter groups of the student and heads only
             (AdamW, LR 1e-3, weight decay 0.02 by default; e.g. ``timm.optim.Lamb`` for the
-            PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay.
+            PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay;
+            σReparam scales always do (PHI-S A.7).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
         init_from: checkpoint of an earlier stage; only the student and head weights are
@@ -118,8 +148,8 @@ class DistillationModule(pl.LightningModule):
         student: CPEViT,
         teachers: dict[str, Teacher],
         student_resolution: int | tuple[int, int] = 256,
-        student_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
-        student_std: tuple[float, float, float] = (0.229, 0.224, 0.225),
+        student_mean: tuple[float, float, float] | None = None,
+        student_std: tuple[float, float, float] | None = None,
         normalizer: NormalizerFactory = Identity,
         normalizer_overrides: dict[str, NormalizerFactory] | None = None,
         loss: nn.Module | None = None,
@@ -160,8 +190,8 @@ class DistillationModule(pl.LightningModule):
             if isinstance(student_resolution, int)
             else tuple(student_resolution)
         )
-        self.student_mean = tuple(student_mean)
-        self.student_std = tuple(student_std)
+        self.student_mean = tuple(student_mean or student.pixel_mean)
+        self.student_std = tuple(student_std or student.pixel_std)
         self.feature_loss = loss if loss is not None else MSE()
         self.summary_loss = summary_loss if summary_loss is not None else Cosine()
         self.feature_weights = self._per_teacher(feature_weights, "feature_weights")
@@ -228,15 +258,8 @@ class DistillationModule(pl.LightningModule):
 
     def _assign_summary_tokens(self) -> dict[str, int]:
         """Teacher name -> index of the student summary token its summary head reads."""
-        with_summary = [n for n, t in self.teachers.items() if t.summary_dim is not None]
-        tokens = self.student.num_cls_tokens
-        if tokens not in (1, len(with_summary)):
-            raise ValueError(
-                f"the student has {tokens} summary tokens but {len(with_summary)} teachers "
-                f"have a summary ({with_summary}); use num_cls_tokens=1 (shared) or "
-                f"{len(with_summary)} (one per teacher)"
-            )
-        return {name: (i if tokens > 1 else 0) for i, name in enumerate(with_summary)}
+        has_summary = {n: t.summary_dim is not None for n, t in self.teachers.items()}
+        return summary_token_slots(has_summary, self.student.num_cls_tokens)
 
     # -- checkpoints --------------------------------------------------------------------------
     @staticmethod
@@ -294,9 +317,7 @@ class DistillationModule(pl.LightningModule):
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
         )
-        for block in self.student.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(self.student, mesh=mesh, mp_policy=policy)
+        shard_student(self.student, mesh, policy)
         for heads in self.heads.values():
             for head in (heads.features, heads.summary):
                 if head is not None:
@@ -314,7 +335,9 @@ class DistillationModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         decay, no_decay = [], []
         for name, param in self.trainable_parameters():
-            exempt = param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
+            exempt = not name.endswith(_ALWAYS_DECAYED) and (
+                param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
+            )
             (no_decay if exempt else decay).append(param)
         optimizer = self.optimizer_factory(
             [
@@ -550,22 +573,19 @@ class DistillationModule(pl.LightningModule):
     def test_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         return self._shared_step(batch, "test")
 
+    def on_predict_start(self) -> None:
+        self._inference = None  # rebuilt from the current weights by the first predict_step
+
     def predict_step(self, batch: Tensor, batch_idx: int) -> dict[str, TeacherOutput]:
         """The student's estimate of every teacher, in the teacher's original space.
 
-        Returns ``{name: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}``
-        with features denormalized by the teacher's normalizer (PHI-S 2.2).
+        Runs the exported inference model (:func:`radio_lit.export.module_inference_model`,
+        what ``radio-lit export`` writes and ``radio_lit.load`` returns: normalizers folded
+        into the feature heads, PHI-S A.6) on the crop resized to the student resolution.
+        Returns ``{"backbone": TeacherOutput(summary [B, D], features [B, h, w, D]),
+        name: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}``.
         """
-        crop = as_float_images(batch)
-        view = teacher_view(crop, self.student_resolution, self.student_mean, self.student_std)
-        student = self.student(view)
-        estimates = {}
-        for name, heads in self.heads.items():
-            features = self.normalizers[name].inverse(heads.features(student.features))
-            summary = (
-                heads.summary(student.summary[:, self.summary_token[name]])
-                if heads.summary is not None
-                else None
-            )
-            estimates[name] = TeacherOutput(summary=summary, features=features)
-        return estimates
+        if getattr(self, "_inference", None) is None:
+            # A plain attribute, not a submodule: a folded copy, never trained or saved.
+            object.__setattr__(self, "_inference", module_inference_model(self))
+        return self._inference(resize_view(as_float_images(batch), self.student_resolution))

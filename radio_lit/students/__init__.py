@@ -1,6 +1,21 @@
-"""Student backbones and their per-teacher adaptor heads."""
+"""Student backbones, their per-teacher adaptor heads, σReparam and FSDP2 sharding."""
 
 from radio_lit.students.cpe_vit import CPEViT, StudentOutput
 from radio_lit.students.heads import MLPHead, TeacherHeads
+from radio_lit.students.sharding import shard_student
+from radio_lit.students.spectral_reparam import (
+    SpectralLinear,
+    enable_spectral_reparam,
+    fold_spectral_reparam,
+)
 
-__all__ = ["CPEViT", "StudentOutput", "MLPHead", "TeacherHeads"]
+__all__ = [
+    "CPEViT",
+    "StudentOutput",
+    "MLPHead",
+    "TeacherHeads",
+    "SpectralLinear",
+    "enable_spectral_reparam",
+    "fold_spectral_reparam",
+    "shard_student",
+]

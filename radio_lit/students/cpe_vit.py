@@ -5,11 +5,34 @@ positions). In training each sample draws a random sub-window of that grid (rand
 aspect ratio) which is resampled to the sample's patch grid; in eval the whole grid is
 resized to the longest side and its top-left window used. The ViT therefore runs at any
 resolution and aspect ratio that is a multiple of the patch size.
+
+Options: ViTDet window augmentation for high-resolution training and as an inference
+throughput option (:mod:`radio_lit.students.vitdet`, AM-RADIO supplement C); spectral
+reparametrization of every linear layer in the blocks (:mod:`radio_lit.students.spectral_reparam`,
+PHI-S A.7).
+
+Parameters and buffers of ``CPEViT`` (``G = max_resolution / patch``, ``D`` = width, ``T`` =
+``num_cls_tokens``, ``R`` = ``num_registers``):
+
+- ``pos_embed [G * G, D]``: the CPE grid, row-major (row index ``y * G + x``), i.e. NVlabs/RADIO's
+  ``patch_generator.pos_embed [1, G * G, D]`` without the leading 1. Dim 0 is large so that
+  FSDP2 (which shards dim 0) really shards it. Checkpoints with the former ``[1, D, G, G]``
+  layout are converted on load.
+- ``cls_token [1, T, D]``; ``registers [1, R, D]`` (absent when ``R == 0``).
+- ``patch_embed.*``, ``norm_pre.*``, ``norm.*``: timm's modules, timm's names.
+- ``blocks.<i>.*``: timm's blocks. With ``spectral_reparam`` every ``nn.Linear`` in them
+  (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2``) is a
+  :class:`~radio_lit.students.spectral_reparam.SpectralLinear`: ``weight [out, in]``,
+  ``bias [out]``, ``spectral_scale [C]`` (C = 3 chunks for ``qkv``, else 1),
+  buffers ``spectral_u [C, out / C]``, ``spectral_v [C, in]``;
+  :func:`~radio_lit.students.spectral_reparam.fold_spectral_reparam` turns them back into
+  plain ``nn.Linear`` (``weight``, ``bias``) for export.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +40,14 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
+
+from radio_lit.students.spectral_reparam import enable_spectral_reparam
+from radio_lit.students.vitdet import default_num_windowed, run_windowed, windowed_blocks
+
+Triple = tuple[float, float, float]
 
 
 @dataclass(frozen=True)
@@ -32,6 +61,16 @@ class StudentOutput:
 
     summary: Tensor
     features: Tensor
+
+
+def cpe_eval_window(grid: Tensor, hw: tuple[int, int], align_corners: bool) -> Tensor:
+    """Eval-mode CPE: the grid ``[1, D, G, G]`` bilinearly resized to the longest side of the
+    ``h x w`` patch grid, and its top-left window ``[1, D, h, w]`` (AM-RADIO 4)."""
+    h, w = hw
+    side = max(h, w)
+    if side != grid.shape[-1]:
+        grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=align_corners)
+    return grid[:, :, :h, :w]
 
 
 def _timm_vit(name: str, pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:
@@ -67,12 +106,30 @@ class CPEViT(nn.Module):
         checkpoint: optional local file with a ``state_dict`` of the timm model.
         max_resolution: pixels covered by the CPE grid side; the grid holds
             ``max_resolution / patch_size`` positions per side (AM-RADIO: 128 -> 2048 px at /16).
-        num_cls_tokens: summary tokens (one shared, or one per summary teacher).
+        num_cls_tokens: summary tokens: one shared, one per summary teacher, or one per
+            teacher, SAM included (NVlabs/RADIO's layout, ``cls_token_per_teacher``; a RADIO
+            export needs 1 or this).
         num_registers: extra register tokens, dropped from the outputs.
         model_kwargs: extra timm constructor arguments (depth, embed_dim, num_heads, …).
         cpe_min_scale: smallest side fraction of the grid a training crop covers
             (sqrt(0.1) gives 10% of the area, as in RADIO).
         cpe_max_aspect: largest aspect-ratio distortion of a training crop (4/3).
+        cpe_align_corners: how eval mode resizes the CPE grid to the input's longest side.
+            ``True`` samples grid corners as training's windows do; ``False`` resizes as
+            NVlabs/RADIO's inference code does (``ViTPatchGenerator``: bilinear,
+            ``align_corners=False``), which a RADIO-format export requires.
+        pixel_mean: per-channel mean of the input normalization; ``None`` takes the timm
+            model's pretrained config (``vit.pretrained_cfg["mean"]``, e.g. 0.5 for augreg).
+        pixel_std: per-channel std, likewise from ``vit.pretrained_cfg["std"]`` by default.
+        spectral_reparam: σReparam on every linear layer of the blocks (AM-RADIO 4, PHI-S A.7).
+        vitdet_window_sizes: ViTDet augmentation in training (AM-RADIO supplement C): each
+            training forward samples one window size (patches per side) from this list with
+            torch's global RNG, among the sizes that tile the input's patch grid; an input no
+            size tiles (e.g. a low-resolution partition) runs global attention. ``None``: off.
+        vitdet_num_windowed: windowed blocks before each global block; ``None`` gives ViTDet's
+            layout of 4 evenly spaced global blocks. The last block is always global.
+        vitdet_eval_window_size: window size in eval mode (an inference throughput option,
+            AM-RADIO table 8); ``None``: global attention. May be set on the instance later.
     """
 
     def __init__(
@@ -86,9 +143,19 @@ class CPEViT(nn.Module):
         model_kwargs: dict[str, Any] | None = None,
         cpe_min_scale: float = math.sqrt(0.1),
         cpe_max_aspect: float = 4.0 / 3.0,
+        cpe_align_corners: bool = True,
+        pixel_mean: Triple | None = None,
+        pixel_std: Triple | None = None,
+        spectral_reparam: bool = True,
+        vitdet_window_sizes: list[int] | None = None,
+        vitdet_num_windowed: int | None = None,
+        vitdet_eval_window_size: int | None = None,
     ) -> None:
         super().__init__()
         vit = _timm_vit(model, pretrained, dict(model_kwargs or {}))
+        # The timm architecture, as a RADIO export records it (``args.model``, ``model_kwargs``).
+        self.timm_model = model
+        self.timm_kwargs = dict(model_kwargs or {})
         if checkpoint is not None:
             path = Path(checkpoint)
             if not path.is_file():
@@ -110,6 +177,7 @@ class CPEViT(nn.Module):
         self.num_registers = num_registers
         self.cpe_min_scale = cpe_min_scale
         self.cpe_log_aspect = math.log(cpe_max_aspect)
+        self.cpe_align_corners = cpe_align_corners
 
         self.grid_side = max_resolution // self.patch_size
         self.pos_embed = nn.Parameter(self._initial_grid(vit))
@@ -126,9 +194,30 @@ class CPEViT(nn.Module):
         self.norm_pre = vit.norm_pre
         self.blocks = vit.blocks
         self.norm = vit.norm
+        config = vit.pretrained_cfg or {}
+        self.pixel_mean: Triple = tuple(pixel_mean or config.get("mean", IMAGENET_DEFAULT_MEAN))
+        self.pixel_std: Triple = tuple(pixel_std or config.get("std", IMAGENET_DEFAULT_STD))
+        if spectral_reparam:
+            enable_spectral_reparam(self.blocks)
+
+        eval_size = [] if vitdet_eval_window_size is None else [vitdet_eval_window_size]
+        for option, sizes in [
+            ("vitdet_window_sizes", vitdet_window_sizes or []),
+            ("vitdet_eval_window_size", eval_size),
+        ]:
+            if any(size < 1 for size in sizes):
+                raise ValueError(f"{option} must be positive window sizes in patches, got {sizes}")
+        depth = len(self.blocks)
+        num_windowed = (
+            default_num_windowed(depth) if vitdet_num_windowed is None else vitdet_num_windowed
+        )
+        self.vitdet_window_sizes = list(vitdet_window_sizes or [])
+        self.vitdet_eval_window_size = vitdet_eval_window_size
+        self.windowed = windowed_blocks(depth, num_windowed)
+        self._untiled_grids: set[tuple[int, int, tuple[int, ...]]] = set()
 
     def _initial_grid(self, vit: VisionTransformer) -> Tensor:
-        """``[1, D, G, G]`` CPE grid, resampled from the timm position embeddings."""
+        """``[G * G, D]`` CPE grid, resampled from the timm position embeddings."""
         pos = vit.pos_embed.detach()
         if not vit.no_embed_class:
             pos = pos[:, vit.num_prefix_tokens :]
@@ -140,26 +229,54 @@ class CPEViT(nn.Module):
             mode="bilinear",
             align_corners=True,
         )
-        return resized.contiguous()  # FSDP2's fully_shard needs contiguous parameters
+        # FSDP2's fully_shard needs contiguous parameters, and shards dim 0.
+        return resized[0].permute(1, 2, 0).reshape(-1, self.embed_dim).contiguous()
 
     def _initial_cls(self, vit: VisionTransformer, count: int) -> Tensor:
-        """``[1, T, D]`` summary tokens, copied from timm's CLS token."""
-        cls = vit.cls_token.detach() if vit.cls_token is not None else None
-        if cls is None:
+        """``[1, T, D]`` summary tokens: timm's CLS token as the first block sees it.
+
+        timm adds ``pos_embed[:, 0]`` to the CLS token unless ``no_embed_class``; the student
+        adds no position embedding to its summary tokens, so each copies the sum.
+        """
+        if vit.cls_token is None:
             return torch.randn(1, count, self.embed_dim) * 0.02
+        cls = vit.cls_token.detach()
+        if not vit.no_embed_class:
+            cls = cls + vit.pos_embed.detach()[:, :1]
         return cls.expand(1, count, -1).clone()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Tensor],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Converts a CPE grid saved in the former ``[1, D, G, G]`` layout to ``[G * G, D]``."""
+        key = prefix + "pos_embed"
+        grid = state_dict.get(key)
+        if grid is not None and grid.ndim == 4 and grid.shape[:2] == (1, self.embed_dim):
+            state_dict[key] = grid[0].permute(1, 2, 0).reshape(-1, self.embed_dim)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     # -- CPE ----------------------------------------------------------------------------------
     def position_embeddings(self, batch: int, hw: tuple[int, int]) -> Tensor:
-        """``[B, h, w, D]`` (training: random crop per sample) or ``[1, h, w, D]`` (eval)."""
-        grid = self.pos_embed
+        """``[B, h, w, D]`` (training: random crop per sample) or ``[1, h, w, D]`` (eval).
+
+        Sampled in float32 whatever the parameter dtype (a bf16 mixed-precision policy would
+        otherwise round the sampling coordinates); the result is float32.
+        """
+        g = self.grid_side
+        grid = self.pos_embed.float().reshape(g, g, -1).permute(2, 0, 1).unsqueeze(0)
         h, w = hw
         if self.training:
             return self._random_window(grid, batch, h, w).permute(0, 2, 3, 1)
-        side = max(h, w)
-        if side != self.grid_side:
-            grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=True)
-        return grid[:, :, :h, :w].permute(0, 2, 3, 1)
+        return cpe_eval_window(grid, hw, self.cpe_align_corners).permute(0, 2, 3, 1)
 
     def _random_window(self, grid: Tensor, batch: int, h: int, w: int) -> Tensor:
         """Resample a random window (scale, aspect, offset per sample) to ``[B, D, h, w]``."""
@@ -177,11 +294,48 @@ class CPEViT(nn.Module):
         coords = (unit.unsqueeze(0) * extent + offset) * 2.0 - 1.0
         return F.grid_sample(
             grid.expand(batch, -1, -1, -1),
-            coords.to(grid.dtype),
+            coords,
             mode="bilinear",
             padding_mode="border",
             align_corners=True,
         )
+
+    # -- blocks -------------------------------------------------------------------------------
+    def vitdet_window(self, hw: tuple[int, int]) -> int | None:
+        """This forward's ViTDet window size for an ``h x w`` patch grid, or ``None`` (global).
+
+        Training samples uniformly (torch's global RNG) among ``vitdet_window_sizes`` that tile
+        the grid; eval uses ``vitdet_eval_window_size`` if it tiles the grid.
+        """
+        h, w = hw
+        if self.training:
+            sizes = self.vitdet_window_sizes
+        else:
+            size = self.vitdet_eval_window_size
+            sizes = [] if size is None else [size]
+        if not sizes:
+            return None
+        tiling = [s for s in sizes if h % s == 0 and w % s == 0]
+        if not tiling:
+            key = (h, w, tuple(sizes))
+            if key not in self._untiled_grids:
+                self._untiled_grids.add(key)
+                warnings.warn(
+                    f"ViTDet window sizes {sizes} tile no {h}x{w} patch grid: global attention "
+                    "for this input (pick window sizes dividing the patch grid)",
+                    stacklevel=3,
+                )
+            return None
+        if len(tiling) == 1:
+            return tiling[0]
+        return tiling[int(torch.randint(len(tiling), ()))]
+
+    def run_blocks(self, tokens: Tensor, num_prefix: int, hw: tuple[int, int]) -> Tensor:
+        """The transformer blocks on ``[B, P + h * w, D]`` tokens, ViTDet-windowed if enabled."""
+        window = self.vitdet_window(hw)
+        if window is None:
+            return self.blocks(tokens)
+        return run_windowed(self.blocks, tokens, num_prefix, hw, window, self.windowed)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, images: Tensor) -> StudentOutput:
@@ -199,8 +353,8 @@ class CPEViT(nn.Module):
         if self.registers is not None:
             prefix.append(self.registers.expand(batch, -1, -1))
         x = torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1)
-        x = self.norm(self.blocks(self.norm_pre(x)))
         num_prefix = self.num_cls_tokens + self.num_registers
+        x = self.norm(self.run_blocks(self.norm_pre(x), num_prefix, (h, w)))
         return StudentOutput(
             summary=x[:, : self.num_cls_tokens],
             features=x[:, num_prefix:].reshape(batch, h, w, dim),

@@ -86,7 +86,7 @@ def test_bad_configuration_names_the_problem():
     with pytest.raises(ValueError, match="unknown teachers \\['siglip'\\]"):
         tiny_module(feature_weights={"siglip": 1.0})
     with pytest.raises(ValueError, match="summary tokens"):
-        tiny_module(student=tiny_student(num_cls_tokens=3))
+        tiny_module(student=tiny_student(num_cls_tokens=4))
     with pytest.raises(ValueError, match="at least one teacher"):
         tiny_module(teachers={})
     with pytest.raises(FileNotFoundError, match="init_from"):
@@ -95,6 +95,12 @@ def test_bad_configuration_names_the_problem():
 
 def test_one_summary_token_per_teacher():
     module = tiny_module(student=tiny_student(num_cls_tokens=2))
+    assert module.summary_token == {"clip": 0, "dino": 1}
+
+
+def test_one_summary_token_per_teacher_in_radio_layout():
+    """NVlabs/RADIO's layout: teacher i reads token i; SAM's token (no summary) is unused."""
+    module = tiny_module(student=tiny_student(num_cls_tokens=3))
     assert module.summary_token == {"clip": 0, "dino": 1}
 
 
@@ -190,8 +196,9 @@ def test_predict_returns_estimates_in_the_teacher_space(tmp_path):
         module.normalizers[name].fit()
     module.eval()
     estimates = module.predict_step((crop * 255).to(torch.uint8), 0)
-    for name, estimate in estimates.items():
-        normalizer = module.normalizers[name]
+    assert set(estimates) == {"backbone", *module.teachers}
+    for name in module.teachers:
+        estimate, normalizer = estimates[name], module.normalizers[name]
         view = teacher_view(crop, 64, module.student_mean, module.student_std)
         normalized = module.heads[name].features(module.student(view).features)
         assert estimate.features.shape[-1] == module.teachers[name].feature_dim

@@ -29,7 +29,7 @@ def test_runs_at_any_resolution_and_aspect_ratio(size, training):
 def test_eval_position_embeddings_are_the_resized_grid_windowed():
     student = tiny_student().eval()
     full = student.position_embeddings(1, (16, 16))
-    assert torch.equal(full[0].permute(2, 0, 1), student.pos_embed[0])
+    assert torch.equal(full[0].reshape(16 * 16, 32), student.pos_embed)  # row-major [G*G, D]
     # A non-square input takes the top-left window of the grid resized to its longest side.
     wide = student.position_embeddings(1, (4, 8))
     square = student.position_embeddings(1, (8, 8))
@@ -56,7 +56,7 @@ def test_cpe_grid_is_initialized_from_timm_position_embeddings():
     torch.manual_seed(0)
     student = tiny_student(max_resolution=224)  # 14 x 14 positions: timm's own grid size
     timm_grid = reference.pos_embed[0, 1:].reshape(14, 14, 32)
-    assert torch.allclose(student.pos_embed[0].permute(1, 2, 0), timm_grid, atol=1e-6)
+    assert torch.allclose(student.pos_embed.reshape(14, 14, 32), timm_grid, atol=1e-6)
 
 
 def test_bad_inputs_have_clear_errors():
@@ -95,3 +95,71 @@ def test_mlp_head_is_linear_layernorm_gelu_linear():
 
 def test_parameters_are_contiguous_for_fsdp2_sharding():
     assert all(p.is_contiguous() for p in tiny_student(num_registers=1).parameters())
+
+
+def test_summary_tokens_enter_the_first_block_as_timms_class_token_does(tmp_path):
+    """timm adds pos_embed[:, 0] to its CLS token (no_embed_class=False): every summary token
+    starts as that sum, and the patches as timm's patches (CPE grid = timm's 14 x 14 grid)."""
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", num_classes=0, global_pool="", depth=2, embed_dim=32, num_heads=2
+    ).eval()
+    torch.save(vit.state_dict(), tmp_path / "vit.pth")
+    student = tiny_student(
+        max_resolution=224, num_cls_tokens=2, checkpoint=str(tmp_path / "vit.pth")
+    )
+    inputs = {}
+    for name, model in (("timm", vit), ("student", student.eval())):
+        model.blocks[0].register_forward_pre_hook(lambda _, a, n=name: inputs.setdefault(n, a[0]))
+    image = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        vit(image)
+        student(image)
+    timm_tokens, tokens = inputs["timm"], inputs["student"]
+    # The class position embedding matters: timm's CLS token alone is ~1e-6.
+    assert (timm_tokens[0, 0] - vit.cls_token[0, 0]).abs().max() > 1e-3
+    torch.testing.assert_close(tokens[0, 0], timm_tokens[0, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tokens[0, 1], timm_tokens[0, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tokens[:, 2:], timm_tokens[:, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_pixel_statistics_default_to_the_timm_pretrained_config():
+    assert tiny_student().pixel_mean == (0.5, 0.5, 0.5)  # augreg weights
+    assert tiny_student().pixel_std == (0.5, 0.5, 0.5)
+    deit = tiny_student(model="deit_tiny_patch16_224")
+    assert deit.pixel_mean == pytest.approx((0.485, 0.456, 0.406))  # ImageNet statistics
+    assert deit.pixel_std == pytest.approx((0.229, 0.224, 0.225))
+    given = tiny_student(pixel_mean=(0.1, 0.2, 0.3), pixel_std=(0.4, 0.5, 0.6))
+    assert (given.pixel_mean, given.pixel_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_position_embeddings_are_sampled_in_float32_whatever_the_parameter_dtype(training):
+    """Under a bf16 parameter policy the grid holds bf16 values; sampling it must use the
+    float32 coordinates, i.e. give what float32 parameters with those values give."""
+    torch.manual_seed(0)
+    student = tiny_student().train(training)
+    with torch.no_grad():
+        student.pos_embed.copy_(student.pos_embed.bfloat16().float())  # bf16-exact values
+    hw = (7, 11)
+    torch.manual_seed(1)
+    expected = student.position_embeddings(4, hw)
+    student.to(torch.bfloat16)
+    torch.manual_seed(1)
+    sampled = student.position_embeddings(4, hw)
+    assert sampled.dtype == torch.float32
+    assert torch.equal(sampled, expected)
+
+
+def test_a_checkpoint_with_the_former_grid_layout_loads():
+    torch.manual_seed(0)
+    student = tiny_student().eval()
+    state = student.state_dict()
+    old = state["pos_embed"].reshape(16, 16, 32).permute(2, 0, 1).unsqueeze(0)  # [1, D, G, G]
+    state["pos_embed"] = old.clone()
+    fresh = tiny_student()
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.pos_embed, student.pos_embed)
+    assert fresh.pos_embed.shape == (256, 32)

@@ -1,0 +1,38 @@
+"""From a training checkpoint to an inference model (PHI-S A.6; NVlabs/RADIO's format).
+
+- :func:`fold_affine` / :func:`fold_normalizer`: a normalizer's inverse folded into the feature
+  head's last linear layer.
+- :func:`inference_model` (from a student, heads and normalizers),
+  :func:`module_inference_model` (from a ``DistillationModule``),
+  :func:`checkpoint_inference_model` (from a ``.ckpt`` and its config): a
+  :class:`RadioLitModel`, laid out as a RADIO checkpoint.
+- :func:`save_radio`, :func:`save_safetensors`; :func:`load` (also ``radio_lit.load``).
+- ``radio-lit export`` (:mod:`radio_lit.export.cli`).
+"""
+
+from radio_lit.export.checkpoint import checkpoint_inference_model
+from radio_lit.export.convert import (
+    inference_model,
+    module_inference_model,
+    radio_config,
+    radio_incompatibilities,
+)
+from radio_lit.export.files import load, read_radio, read_safetensors, save_radio, save_safetensors
+from radio_lit.export.fold import fold_affine, fold_normalizer
+from radio_lit.export.model import RadioLitModel
+
+__all__ = [
+    "RadioLitModel",
+    "checkpoint_inference_model",
+    "fold_affine",
+    "fold_normalizer",
+    "inference_model",
+    "load",
+    "module_inference_model",
+    "radio_config",
+    "radio_incompatibilities",
+    "read_radio",
+    "read_safetensors",
+    "save_radio",
+    "save_safetensors",
+]

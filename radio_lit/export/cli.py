@@ -1,0 +1,53 @@
+"""``radio-lit export CHECKPOINT [--config CONFIG] [--output STEM] [--format ...]``.
+
+Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
+format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
+adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
+with every teacher's normalizer folded into its feature head (PHI-S A.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from radio_lit.export.checkpoint import checkpoint_inference_model
+from radio_lit.export.files import save_radio, save_safetensors
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="radio-lit export",
+        description="Export a training checkpoint to NVlabs/RADIO's format and safetensors.",
+    )
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt written by radio-lit fit")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the run's config (default: config.yaml beside the checkpoints/ folder)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="output path without suffix (default: <run>/export/<checkpoint name>)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["both", "radio", "safetensors"],
+        default="both",
+        help="which files to write (default: both)",
+    )
+    args = parser.parse_args(argv)
+    model = checkpoint_inference_model(args.checkpoint, args.config)
+    stem = args.output
+    if stem is None:
+        stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
+    written = []
+    if args.format in ("both", "radio"):
+        written.append(save_radio(model, stem.with_name(stem.name + ".pth")))
+    if args.format in ("both", "safetensors"):
+        written.extend(save_safetensors(model, stem.with_name(stem.name + ".safetensors")))
+    for path in written:
+        print(path)

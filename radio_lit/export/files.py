@@ -1,0 +1,106 @@
+"""Writing and reading exported models.
+
+- RADIO format (``.pth``): ``{"args": argparse.Namespace(**config), "state_dict": {...}}``, what
+  NVlabs/RADIO's ``torch.hub.load('NVlabs/RADIO', 'radio_model', version=<file>,
+  adaptor_names=[...])`` loads (it unpickles ``args``); radio-lit reads it with
+  ``torch.load(weights_only=True)``, allowing only ``argparse.Namespace``.
+- safetensors: the same tensors under the same names in ``<stem>.safetensors``, and the same
+  config as JSON in ``<stem>.json`` beside it; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from radio_lit.export.convert import radio_incompatibilities
+from radio_lit.export.model import RadioLitModel
+
+RADIO_SUFFIXES = (".pth", ".pt", ".tar")
+
+
+def save_radio(model: RadioLitModel, path: str | Path) -> Path:
+    """Write ``model`` as a RADIO-format checkpoint; refuse what RADIO would load differently."""
+    problems = radio_incompatibilities(model.config)
+    if problems:
+        raise ValueError(
+            "this student cannot be written in NVlabs/RADIO's format without changing its "
+            "outputs: " + "; ".join(problems) + " (the safetensors export has no such limits)"
+        )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A deep copy of plain values, so that the loader's edits to args (it pops from
+    # model_kwargs) never reach the model's config.
+    args = Namespace(**json.loads(json.dumps(model.config)))
+    torch.save({"args": args, "state_dict": model.radio_state_dict()}, path)
+    return path
+
+
+def save_safetensors(model: RadioLitModel, path: str | Path) -> tuple[Path, Path]:
+    """Write ``<stem>.safetensors`` (RADIO key names) and ``<stem>.json`` (the config)."""
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(model.radio_state_dict(), str(path), metadata={"format": "pt"})
+    config_path = path.with_suffix(".json")
+    config_path.write_text(json.dumps(model.config, indent=2) + "\n")
+    return path, config_path
+
+
+def read_radio(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config, state_dict)`` of a RADIO-format file, unpickling nothing but Namespace."""
+    with torch.serialization.safe_globals([Namespace]):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return vars(checkpoint["args"]), checkpoint["state_dict"]
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config, state_dict)`` of a safetensors export and the JSON config beside it."""
+    path = Path(path)
+    config_path = path.with_suffix(".json")
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} (the config of {path}) does not exist")
+    return json.loads(config_path.read_text()), load_file(str(path))
+
+
+def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
+    """The inference model of an export or a training checkpoint, in eval mode on the CPU.
+
+    ``model(images)`` takes ``[B, 3, H, W]`` images in ``[0, 1]`` and returns
+    ``{"backbone": TeacherOutput, <teacher>: TeacherOutput}``, teacher outputs in each
+    teacher's own space (see :class:`~radio_lit.export.model.RadioLitModel`).
+
+    Args:
+        path: ``<stem>.safetensors`` (with ``<stem>.json`` beside it), a RADIO-format
+            ``.pth`` from ``radio-lit export``, or a training ``.ckpt`` (exported on the fly).
+        pad: accept any resolution, zero-padding the normalized image to a multiple of the
+            patch size; otherwise ``H`` and ``W`` must be multiples of it.
+        config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.suffix == ".ckpt":
+        from radio_lit.export.checkpoint import checkpoint_inference_model
+
+        model = checkpoint_inference_model(path, config)
+        model.pad = pad
+        return model
+    if path.suffix == ".safetensors":
+        settings, state = read_safetensors(path)
+    elif path.suffix in RADIO_SUFFIXES:
+        settings, state = read_radio(path)
+    else:
+        raise ValueError(
+            f"{path}: expected a .safetensors, RADIO-format .pth or training .ckpt file"
+        )
+    if "radio_lit" not in settings:
+        raise ValueError(
+            f"{path} was not written by radio-lit export (no radio_lit config); load NVlabs/RADIO "
+            "checkpoints with torch.hub.load('NVlabs/RADIO', 'radio_model', version=...)"
+        )
+    return RadioLitModel.from_radio(settings, state, pad=pad)

@@ -1,0 +1,324 @@
+"""The exported inference model, laid out as an NVlabs/RADIO checkpoint.
+
+Its modules carry the RADIO checkpoint's names, so its state dict *is* the file's
+``state_dict`` (``base_model.*``, ``input_conditioner.*``, ``_heads.<teacher>.*``,
+``_feature_projections.<teacher>.*``), up to the adaptor MLPs' layer names
+(:data:`MLP_V2_NAMES`). Shapes (``D`` width, ``p`` patch, ``G`` CPE grid side, ``T`` summary
+tokens, ``R`` registers):
+
+- ``input_conditioner.norm_mean``, ``norm_std`` ``[3, 1, 1]``: pixel normalization of
+  ``[0, 1]`` images;
+- ``base_model.patch_generator.embedder.weight [D, 3 p p]`` (no bias: the student's patch
+  bias is folded into the position embedding), ``patch_generator.pos_embed [1, G G, D]``
+  (row-major CPE grid), ``patch_generator.cls_token.token [T + R, D]`` (summary tokens, then
+  registers); ``base_model.blocks.*`` and ``base_model.norm.*``: timm's;
+- ``_heads.<teacher>`` (summary) and ``_feature_projections.<teacher>`` (features): RADIO's
+  adaptor MLP "v2" with no inner block, ``fc1 -> final.0 (LayerNorm) -> GELU -> final.2``,
+  which is radio-lit's :class:`~radio_lit.students.MLPHead` (``inp``, ``norm``, ``out``). The
+  feature heads output the teacher's own space: the normalizer is folded into ``final.2``
+  (PHI-S A.6).
+
+The forward follows the format's definition (NVlabs/RADIO ``RADIOModel.forward`` in eval
+mode) and returns radio-lit's inference output, ``dict[str, TeacherOutput]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from radio_lit.students import MLPHead
+from radio_lit.students.cpe_vit import cpe_eval_window
+from radio_lit.students.vitdet import run_windowed
+from radio_lit.teachers.base import TeacherOutput
+
+#: radio-lit's MLPHead layer names -> RADIO's adaptor MLP "v2" names (``adaptor_mlp.MLP2``).
+MLP_V2_NAMES = {"inp.": "fc1.", "norm.": "final.0.", "out.": "final.2."}
+_ADAPTOR_PREFIXES = ("_heads.", "_feature_projections.")
+
+
+class InputConditioner(nn.Module):
+    """``[B, 3, H, W]`` images in ``[0, 1]`` -> ``(x - mean) / std`` (RADIO's buffer names)."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.register_buffer("norm_mean", torch.tensor(mean, dtype=torch.float32).view(3, 1, 1))
+        self.register_buffer("norm_std", torch.tensor(std, dtype=torch.float32).view(3, 1, 1))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return (images - self.norm_mean) / self.norm_std
+
+
+class ClassTokens(nn.Module):
+    """The prefix tokens ``token [T + R, D]``: T summary tokens, then R registers."""
+
+    def __init__(self, num_tokens: int, dim: int) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(num_tokens, dim))
+
+
+class PatchGenerator(nn.Module):
+    """Patches, CPE position embeddings and prefix tokens: ``[B, 3, H, W] -> [B, P + h w, D]``.
+
+    Eval-mode CPE (AM-RADIO 4): the ``G x G`` grid is bilinearly resized to the longest side
+    of the patch grid (``align_corners`` as recorded; NVlabs/RADIO uses ``False``) and its
+    top-left ``h x w`` window added to the patch embeddings.
+    """
+
+    def __init__(
+        self,
+        patch_size: int,
+        dim: int,
+        grid_side: int,
+        num_prefix: int,
+        align_corners: bool = False,
+    ) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.grid_side = grid_side
+        self.align_corners = align_corners
+        self.embedder = nn.Linear(3 * patch_size * patch_size, dim, bias=False)
+        self.pos_embed = nn.Parameter(torch.zeros(1, grid_side * grid_side, dim))
+        self.cls_token = ClassTokens(num_prefix, dim)
+
+    def forward(self, images: Tensor) -> Tensor:
+        p = self.patch_size
+        dim = self.embedder.out_features
+        # The embedder is a linear map of (c, y, x)-ordered patches: a stride-p convolution.
+        kernel = self.embedder.weight.view(dim, 3, p, p)
+        patches = F.conv2d(images, kernel, stride=p)  # [B, D, h, w]
+        batch, _, h, w = patches.shape
+        g = self.grid_side
+        if (h, w) == (g, g):
+            pos = self.pos_embed
+        else:
+            grid = self.pos_embed.float().view(g, g, dim).permute(2, 0, 1).unsqueeze(0)
+            window = cpe_eval_window(grid, (h, w), self.align_corners)
+            pos = window.flatten(2).transpose(1, 2).to(self.pos_embed.dtype)
+        tokens = patches.flatten(2).transpose(1, 2) + pos
+        prefix = self.cls_token.token.unsqueeze(0).expand(batch, -1, -1)
+        return torch.cat([prefix.to(tokens.dtype), tokens], dim=1)
+
+
+class RadioBackbone(nn.Module):
+    """The student trunk in RADIO's layout (``base_model``): ``[B, 3, H, W] -> [B, P + h w, D]``
+    normalized images to tokens after the final norm.
+
+    With ``window_size``, the blocks marked in ``windowed`` attend within ViTDet windows
+    (the student's ``vitdet_eval_window_size``, AM-RADIO supplement C) when the windows tile
+    the patch grid; otherwise every block is global.
+    """
+
+    def __init__(
+        self,
+        patch_generator: PatchGenerator,
+        blocks: nn.Module,
+        norm: nn.Module,
+        window_size: int | None = None,
+        windowed: list[bool] | None = None,
+    ) -> None:
+        super().__init__()
+        self.patch_generator = patch_generator
+        self.blocks = blocks
+        self.norm = norm
+        self.window_size = window_size
+        self.windowed = windowed
+
+    def forward(self, images: Tensor) -> Tensor:
+        tokens = self.patch_generator(images)
+        p, window = self.patch_generator.patch_size, self.window_size
+        h, w = images.shape[-2] // p, images.shape[-1] // p
+        if window is None or self.windowed is None or h % window or w % window:
+            return self.norm(self.blocks(tokens))
+        prefix = self.patch_generator.cls_token.token.shape[0]
+        return self.norm(run_windowed(self.blocks, tokens, prefix, (h, w), window, self.windowed))
+
+
+def timm_trunk(config: dict[str, Any]) -> nn.Module:
+    """The timm VisionTransformer that ``config["model"]`` and ``model_kwargs`` describe, as
+    NVlabs/RADIO's ``create_model_from_args`` builds it (random weights, no classifier)."""
+    kwargs = dict(config["model_kwargs"])
+    kwargs.pop("weight_init", None)
+    return timm.create_model(
+        config["model"],
+        pretrained=False,
+        num_classes=config.get("num_classes") or 0,
+        weight_init="skip",
+        **kwargs,
+    )
+
+
+class RadioLitModel(nn.Module):
+    """A distilled student with teacher-space adaptors, for inference.
+
+    Takes images ``[B, 3, H, W]`` in ``[0, 1]`` with ``H``, ``W`` multiples of the patch size
+    (any size with ``pad=True``: the normalized image is zero-padded at the bottom and right
+    to the next multiple, and the feature maps cover the padded image). Returns
+    ``{"backbone": TeacherOutput(summary [B, D], features [B, h, w, D]),
+    <teacher>: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}`` with ``h, w``
+    the patch grid; the backbone summary is the first summary token, each teacher's outputs
+    are in its own space (normalizer folded into the heads, PHI-S A.6).
+
+    Build it with :func:`radio_lit.load` (a file) or :func:`radio_lit.export.inference_model`
+    (a training module); :meth:`from_radio` builds it from a config and state dict.
+
+    Args:
+        config: the RADIO ``args`` fields plus ``config["radio_lit"]`` (see
+            :func:`radio_lit.export.convert.radio_config`).
+        base_model: the trunk.
+        input_conditioner: the pixel normalization.
+        heads: summary heads by teacher name (every teacher; a teacher without a summary has
+            a constant-zero placeholder, as RADIO's loader requires one).
+        feature_projections: feature heads by teacher name.
+        pad: accept any resolution by padding (see above).
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        base_model: RadioBackbone,
+        input_conditioner: InputConditioner,
+        heads: dict[str, MLPHead],
+        feature_projections: dict[str, MLPHead],
+        pad: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.input_conditioner = input_conditioner
+        self.base_model = base_model
+        self._heads = nn.ModuleDict(heads)
+        self._feature_projections = nn.ModuleDict(feature_projections)
+        self.pad = pad
+        extras = config["radio_lit"]
+        self.patch_size = int(extras["patch_size"])
+        self.num_cls_tokens = int(extras["num_cls_tokens"])
+        self.num_prefix = self.num_cls_tokens + int(extras["num_registers"])
+        self.summary_slots = {
+            t["name"]: int(t["token_slot"]) for t in config["teachers"] if t["use_summary"]
+        }
+        self.eval()
+
+    @property
+    def teacher_names(self) -> list[str]:
+        return [t["name"] for t in self.config["teachers"]]
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_radio(
+        cls, config: dict[str, Any], state: dict[str, Tensor], pad: bool = False
+    ) -> RadioLitModel:
+        """Build the model ``config`` describes and load ``state`` (RADIO key names) strictly."""
+        extras = config["radio_lit"]
+        vit = timm_trunk(config)
+        dim = int(vit.embed_dim)
+        patch = int(extras["patch_size"])
+        generator = PatchGenerator(
+            patch,
+            dim,
+            grid_side=int(config["cpe_max_size"]) // patch,
+            num_prefix=int(extras["num_cls_tokens"]) + int(extras["num_registers"]),
+            align_corners=bool(extras["cpe_align_corners"]),
+        )
+        norm = vit.norm if config["model_norm"] else nn.Identity()
+        heads, projections = {}, {}
+        for teacher in config["teachers"]:
+            name = teacher["name"]
+            heads[name] = _head_like(state, f"_heads.{name}.")
+            projections[name] = _head_like(state, f"_feature_projections.{name}.")
+        model = cls(
+            config,
+            RadioBackbone(
+                generator,
+                vit.blocks,
+                norm,
+                extras.get("vitdet_window_size"),
+                extras.get("vitdet_windowed"),
+            ),
+            InputConditioner((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+            heads,
+            projections,
+            pad=pad,
+        )
+        model.load_state_dict(from_radio_keys(state), strict=True)
+        return model
+
+    def radio_state_dict(self) -> dict[str, Tensor]:
+        """The state dict under RADIO's key names (contiguous tensors, detached)."""
+        return {k: v.detach().contiguous() for k, v in to_radio_keys(self.state_dict()).items()}
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, images: Tensor) -> dict[str, TeacherOutput]:
+        x = self.input_conditioner(images)
+        height, width = x.shape[-2:]
+        p = self.patch_size
+        if height % p or width % p:
+            if not self.pad:
+                raise ValueError(
+                    f"input {height}x{width} is not a multiple of the patch size {p}; resize it, "
+                    "or load the model with radio_lit.load(path, pad=True) to pad it"
+                )
+            x = F.pad(x, (0, -width % p, 0, -height % p))
+        h, w = x.shape[-2] // p, x.shape[-1] // p
+        weight = self.base_model.patch_generator.embedder.weight
+        tokens = self.base_model(x.to(weight.dtype))
+        batch, _, dim = tokens.shape
+        summary = tokens[:, : self.num_cls_tokens]
+        features = tokens[:, self.num_prefix :].reshape(batch, h, w, dim)
+        outputs = {"backbone": TeacherOutput(summary=summary[:, 0], features=features)}
+        for name, projection in self._feature_projections.items():
+            slot = self.summary_slots.get(name)
+            outputs[name] = TeacherOutput(
+                summary=self._heads[name](summary[:, slot]) if slot is not None else None,
+                features=projection(features),
+            )
+        return outputs
+
+
+def _head_like(state: dict[str, Tensor], prefix: str) -> MLPHead:
+    """An MLPHead shaped like the v2 MLP stored under ``prefix`` (RADIO names)."""
+    try:
+        hidden, in_dim = state[prefix + "fc1.weight"].shape
+        out_dim = state[prefix + "final.2.weight"].shape[0]
+    except KeyError as missing:
+        raise ValueError(
+            f"the state dict has no adaptor MLP 'v2' under {prefix!r} (missing {missing}); "
+            "is this a radio-lit export?"
+        ) from None
+    return MLPHead(in_dim, hidden, out_dim)
+
+
+def to_radio_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename the adaptor MLPs' layers from radio-lit's names to RADIO's ``mlp_version`` v2."""
+    return {_rename(k, MLP_V2_NAMES): v for k, v in state.items()}
+
+
+def from_radio_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of :func:`to_radio_keys`."""
+    inverse = {v: k for k, v in MLP_V2_NAMES.items()}
+    return {_rename(k, inverse): v for k, v in state.items()}
+
+
+def _rename(key: str, names: dict[str, str]) -> str:
+    if not key.startswith(_ADAPTOR_PREFIXES):
+        return key
+    group, teacher, rest = key.split(".", 2)
+    for old, new in names.items():
+        if rest.startswith(old):
+            return f"{group}.{teacher}.{new}{rest[len(old) :]}"
+    return key
+
+
+def zero_summary_head(in_dim: int) -> MLPHead:
+    """A summary head whose output is always ``0`` (``[..., in_dim] -> [..., 1]``).
+
+    NVlabs/RADIO's loader builds a summary MLP for every adaptor it loads, so a teacher
+    without a summary (SAM) is exported with this placeholder; radio-lit returns ``None``.
+    """
+    head = MLPHead(in_dim, 1, 1)
+    for param in head.parameters():
+        nn.init.zeros_(param)
+    return head

@@ -1,0 +1,216 @@
+"""Spectral reparametrization (σReparam) of the student's linear layers.
+
+Zhai et al. 2023, "Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
+eq. 3: every linear weight is used as ``W_hat = (gamma / sigma(W)) * W``, where ``sigma(W)`` is
+the spectral norm of ``W``, estimated by one power iteration per training step (``u``, ``v``
+persist between steps; the gradient flows through ``sigma = u^T W v``), and ``gamma`` is a
+learned scale. AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
+student for all training stages, and PHI-S A.7 puts weight decay on ``gamma`` "to encourage
+the spectral norm to be small" — hence :data:`SPECTRAL_SCALE`, the parameter-name suffix the
+optimizer must always decay.
+
+As in NVlabs/RADIO (``radio/enable_spectral_reparam.py``), the fused ``qkv`` projection is
+reparametrized per chunk (q, k and v each get their own ``sigma`` and ``gamma``), and ``gamma``
+starts at ``sigma(W)`` so that reparametrizing leaves the function unchanged (a pretrained
+student starts from its pretrained weights).
+
+For export, :func:`fold_spectral_reparam` replaces each :class:`SpectralLinear` by a plain
+``nn.Linear`` holding ``W_hat`` (with the eval-mode ``sigma``), under the same name.
+
+State-dict names of one reparametrized layer (``C`` chunks; 3 for ``qkv``, else 1):
+``weight [out, in]``, ``bias [out]``, ``spectral_scale [C]`` (gamma; a parameter),
+``spectral_u [C, out / C]`` and ``spectral_v [C, in]`` (float32 power-iteration buffers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SPECTRAL_SCALE = "spectral_scale"
+"""Name of the gamma parameter; weight decay always applies to it (PHI-S A.7)."""
+
+_INIT_POWER_ITERATIONS = 20
+_EPS = 1e-12
+
+
+@torch.no_grad()
+def _power_iteration(mats: Tensor, u: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """``steps`` power iterations on ``mats [C, m, n]`` from ``u [C, m]``: unit ``(u, v)``."""
+    u = u.unsqueeze(-1)
+    for _ in range(steps):
+        v = F.normalize(mats.transpose(1, 2) @ u, dim=1, eps=_EPS)
+        u = F.normalize(mats @ v, dim=1, eps=_EPS)
+    return u.squeeze(-1), v.squeeze(-1)
+
+
+def _sigma(mats: Tensor, u: Tensor, v: Tensor) -> Tensor:
+    """``[C]`` spectral-norm estimates ``u^T W v`` of ``mats [C, m, n]``."""
+    return (u.unsqueeze(1) @ mats @ v.unsqueeze(-1)).reshape(-1).clamp_min(_EPS)
+
+
+@torch.no_grad()
+def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(u, v, sigma)`` of ``mats [C, m, n]`` after :data:`_INIT_POWER_ITERATIONS` steps from a
+    fixed start (the same on every rank; the global RNG is left alone)."""
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(mats.shape[:2], generator=generator).to(mats.device)
+    u, v = _power_iteration(mats, F.normalize(start, dim=-1), _INIT_POWER_ITERATIONS)
+    return u, v, _sigma(mats, u, v)
+
+
+class SpectralLinear(nn.Linear):
+    """``nn.Linear`` whose weight is used as ``gamma / sigma(W) * W`` (σReparam, per chunk).
+
+    Args:
+        in_features, out_features, bias: as ``nn.Linear``.
+        chunks: row blocks of ``W`` reparametrized separately (3 for a fused qkv projection).
+
+    ``[..., in] -> [..., out]``. In training mode each forward first runs one power iteration
+    (no gradient) that refines ``spectral_u``/``spectral_v``; ``sigma = u^T W v`` is computed in
+    float32 whatever the weight dtype.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        chunks: int = 1,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        if chunks < 1 or out_features % chunks:
+            raise ValueError(f"out_features {out_features} is not divisible into {chunks} chunks")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.chunks = chunks
+        self.spectral_scale = nn.Parameter(torch.ones(chunks, device=device))
+        self.register_buffer(
+            "spectral_u", torch.zeros(chunks, out_features // chunks, device=device)
+        )
+        self.register_buffer("spectral_v", torch.zeros(chunks, in_features, device=device))
+        self.reset_spectral_state()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, chunks: int = 1) -> SpectralLinear:
+        """A σReparam layer computing exactly what ``linear`` computes (same weight and bias)."""
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            chunks=chunks,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+        )
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        layer.reset_spectral_state()
+        return layer
+
+    def _matrices(self, weight: Tensor) -> Tensor:
+        """``[C, out / C, in]`` float32 view of the weight's chunks."""
+        return weight.float().reshape(self.chunks, -1, self.in_features)
+
+    @torch.no_grad()
+    def reset_spectral_state(self) -> None:
+        """Converge ``u``, ``v`` on the current weight and set ``gamma = sigma`` (identity)."""
+        u, v, sigma = _converged_state(self._matrices(self.weight))
+        self.spectral_u.copy_(u)
+        self.spectral_v.copy_(v)
+        self.spectral_scale.copy_(sigma)
+
+    def effective_weight(self) -> Tensor:
+        """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk.
+
+        In training mode one power iteration (no gradient) first refines ``u`` and ``v``.
+        """
+        weight = self.weight
+        mats = self._matrices(weight)
+        if self.training:
+            u, v = _power_iteration(mats.detach(), self.spectral_u.float(), 1)
+            self.spectral_u.copy_(u)
+            self.spectral_v.copy_(v)
+        u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
+        factor = self.spectral_scale.float() / _sigma(mats, u, v)
+        scaled = mats * factor[:, None, None]
+        return scaled.reshape(self.out_features, self.in_features).to(weight.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.effective_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, chunks={self.chunks}"
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Tensor],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """A plain ``nn.Linear`` entry (``weight``/``bias`` only: a checkpoint trained without
+        σReparam, or a folded one) loads as the same function: the spectral state is derived
+        from the loaded weight, as :meth:`from_linear` does."""
+        names = [prefix + n for n in (SPECTRAL_SCALE, "spectral_u", "spectral_v")]
+        weight = state_dict.get(prefix + "weight")
+        plain = weight is not None and weight.shape == self.weight.shape
+        if plain and not any(n in state_dict for n in names):
+            u, v, sigma = _converged_state(self._matrices(weight))
+            state_dict.update(zip(names, (sigma, u, v), strict=True))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+def enable_spectral_reparam(module: nn.Module) -> int:
+    """Replace every ``nn.Linear`` inside ``module`` by an equal :class:`SpectralLinear`.
+
+    A child named ``qkv`` (timm's fused attention projection) gets 3 chunks. Returns the number
+    of layers replaced; the module computes the same function afterwards.
+    """
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                chunks = 3 if name == "qkv" else 1
+                setattr(parent, name, SpectralLinear.from_linear(child, chunks=chunks))
+                replaced += 1
+    return replaced
+
+
+@torch.no_grad()
+def fold_spectral_reparam(module: nn.Module) -> nn.Module:
+    """Replace every :class:`SpectralLinear` in ``module`` by a plain ``nn.Linear`` holding its
+    eval-mode effective weight (``gamma / sigma * W`` with the stored ``u``, ``v``), in place.
+
+    The folded module computes what the reparametrized one computes in eval mode; its state
+    dict has plain ``weight``/``bias`` names. Returns ``module`` (a full, unsharded module).
+    """
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, SpectralLinear):
+                was_training = child.training
+                child.eval()
+                weight = child.effective_weight()
+                child.train(was_training)
+                plain = nn.Linear(
+                    child.in_features,
+                    child.out_features,
+                    bias=child.bias is not None,
+                    device=weight.device,
+                    dtype=weight.dtype,
+                )
+                plain.weight.copy_(weight)
+                if child.bias is not None:
+                    plain.bias.copy_(child.bias)
+                plain.train(was_training)
+                setattr(parent, name, plain)
+    return module

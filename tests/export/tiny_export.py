@@ -1,0 +1,53 @@
+"""The tiny RADIO-layout student of the export tests, and radio-lit's own (unfolded) outputs."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+
+from radio_lit.data.views import normalize_view
+from tests.teachers.tiny import TINY_CLIP_CFG, TINY_DINOV2_TIMM_KWARGS, TINY_SAM_ENCODER
+
+#: The tiny module's student and teachers as a run's config.yaml records them.
+STUDENT = {
+    "class_path": "radio_lit.students.CPEViT",
+    "init_args": {
+        "model": "vit_tiny_patch16_224",
+        "max_resolution": 256,
+        "model_kwargs": {"depth": 2, "embed_dim": 32, "num_heads": 2},
+        "num_cls_tokens": 3,
+        "num_registers": 2,
+        "cpe_align_corners": False,
+    },
+}
+TEACHERS = {
+    "clip": {
+        "class_path": "radio_lit.teachers.OpenCLIPTeacher",
+        "init_args": {"model_name": "radio-lit-tiny-clip", "model_cfg": TINY_CLIP_CFG},
+    },
+    "dino": {
+        "class_path": "radio_lit.teachers.DINOv2Teacher",
+        "init_args": {
+            "model": "vit_small_patch14_reg4_dinov2",
+            "pretrained": False,
+            "model_kwargs": TINY_DINOV2_TIMM_KWARGS,
+        },
+    },
+    "sam": {
+        "class_path": "radio_lit.teachers.SAMTeacher",
+        "init_args": {"encoder_kwargs": TINY_SAM_ENCODER, "resolution": 64},
+    },
+}
+
+
+def own_outputs(module: pl.LightningModule, images: torch.Tensor) -> dict[str, tuple]:
+    """radio-lit's own forward: student, heads, then each normalizer's inverse."""
+    with torch.no_grad():
+        student = module.student(normalize_view(images, module.student_mean, module.student_std))
+        outputs = {"backbone": (student.summary[:, 0], student.features)}
+        for name, heads in module.heads.items():
+            features = module.normalizers[name].inverse(heads.features(student.features))
+            slot = module.summary_token.get(name)
+            summary = heads.summary(student.summary[:, slot]) if slot is not None else None
+            outputs[name] = (summary, features)
+    return outputs

@@ -1,0 +1,102 @@
+"""Two CPU/gloo ranks shard a tiny CPE ViT student with FSDP2 and write what the test checks.
+
+Usage::
+
+    PYTHONPATH=<repo root> python tests/students/fsdp2_student.py OUTPUT_DIR
+
+The student (σReparam on, ViTDet windows of 2 patches) is sharded by
+:func:`radio_lit.students.shard_student`, as ``DistillationModule.configure_model`` does, under
+a bf16 parameter policy (``MixedPrecisionPolicy(param_dtype=bfloat16)``); it runs one training
+step and one eval forward. Each rank writes ``rank{R}.pt`` with local shard shapes, state-dict
+keys, and the position embeddings the sharded student sampled next to those an unsharded
+float32 copy samples with the same RNG state.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD_SIZE = 2
+GRID = (4, 4)  # 64 px images, patch 16
+
+
+def _rank(rank: int, port: int, output: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from radio_lit.students import SpectralLinear, shard_student
+    from tests.builders import tiny_student
+
+    torch.manual_seed(0)
+    student = tiny_student(num_cls_tokens=2, vitdet_window_sizes=[2])
+    with torch.no_grad():  # values a bf16 parameter holds exactly
+        student.pos_embed.copy_(student.pos_embed.bfloat16().float())
+    reference = copy.deepcopy(student)  # unsharded, float32
+
+    mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    shard_student(student, mesh, policy)
+
+    sampled: dict[bool, torch.Tensor] = {}
+    sample = student.position_embeddings
+
+    def recording(batch: int, hw: tuple[int, int]) -> torch.Tensor:
+        out = sample(batch, hw)
+        sampled[student.training] = out.detach().clone()
+        return out
+
+    student.position_embeddings = recording
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(rank))
+
+    torch.manual_seed(1)
+    out = student.train()(images)
+    out.features.float().square().mean().backward()
+    torch.manual_seed(1)
+    expected_train = reference.train().position_embeddings(2, GRID)
+    with torch.no_grad():
+        student.eval()(images)
+    expected_eval = reference.eval().position_embeddings(1, GRID)
+    student.reshard()  # the root keeps its parameters gathered after a no-grad forward
+
+    scales = [m.spectral_scale for m in student.modules() if isinstance(m, SpectralLinear)]
+    result = {
+        "local_shapes": {n: tuple(p.to_local().shape) for n, p in student.named_parameters()},
+        "shapes": {n: tuple(p.shape) for n, p in student.named_parameters()},
+        "parameter_classes": sorted({type(p).__name__ for p in student.parameters()}),
+        "state_dict_keys": sorted(student.state_dict()),
+        "reference_state_dict_keys": sorted(reference.state_dict()),
+        "compute_dtype": str(out.features.dtype),
+        "sampled": sampled,
+        "expected": {True: expected_train, False: expected_eval},
+        "scale_gradients": [
+            s.grad is not None and bool(s.grad.full_tensor().abs().sum() > 0) for s in scales
+        ],
+    }
+    torch.save(result, Path(output) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    mp.spawn(_rank, args=(_free_port(), sys.argv[1]), nprocs=WORLD_SIZE)

@@ -1,0 +1,62 @@
+"""The student under FSDP2 on 2 CPU/gloo ranks: a sharded CPE grid, float32 CPE sampling
+under a bf16 parameter policy, σReparam state names (runs ``fsdp2_student.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).with_name("fsdp2_student.py")
+REPO = SCRIPT.parents[2]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("fsdp2_student")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"2-rank FSDP2 run failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_every_rank_holds_half_of_the_cpe_grid(ranks):
+    for result in ranks:
+        assert result["parameter_classes"] == ["DTensor"]
+        assert result["shapes"]["pos_embed"] == (256, 32)  # [G * G, D], G = 256 px / 16
+        assert result["local_shapes"]["pos_embed"] == (128, 32)
+    for name, shape in ranks[0]["shapes"].items():  # dim 0 is split over the two ranks
+        assert sum(r["local_shapes"][name][0] for r in ranks) == shape[0], name
+
+
+def test_cpe_sampling_under_bf16_parameters_is_float32_exact(ranks):
+    for result in ranks:
+        assert result["compute_dtype"] == "torch.bfloat16"  # the policy is in force
+        for training in (True, False):
+            sampled, expected = result["sampled"][training], result["expected"][training]
+            assert sampled.dtype == torch.float32
+            assert torch.equal(sampled, expected), f"training={training}"
+
+
+def test_sharded_state_dict_names_and_spectral_scale_gradients(ranks):
+    for result in ranks:
+        assert result["state_dict_keys"] == result["reference_state_dict_keys"]
+        assert "blocks.0.attn.qkv.spectral_scale" in result["state_dict_keys"]
+        assert "blocks.0.attn.qkv.spectral_u" in result["state_dict_keys"]
+        assert result["scale_gradients"] == [True] * 8

@@ -1,0 +1,92 @@
+"""σReparam (Zhai et al. 2023, eq. 3; AM-RADIO 4; PHI-S A.7) of the student's linear layers."""
+
+import torch
+from torch import nn
+
+from radio_lit.students import SpectralLinear, fold_spectral_reparam
+from tests.builders import tiny_student
+
+
+def test_reparametrizing_keeps_the_function():
+    torch.manual_seed(0)
+    linear = nn.Linear(6, 9)
+    layer = SpectralLinear.from_linear(linear, chunks=3)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(layer.eval()(x), linear(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.train()(x), linear(x), rtol=1e-4, atol=1e-5)
+
+
+def test_each_chunks_spectral_norm_is_its_learned_scale():
+    """W_hat = gamma / sigma(W) * W has spectral norm gamma (per q, k, v chunk of qkv)."""
+    torch.manual_seed(0)
+    layer = SpectralLinear(5, 12, chunks=3).train()
+    with torch.no_grad():
+        layer.spectral_scale.copy_(torch.tensor([0.5, 2.0, 3.0]))
+    for _ in range(50):  # one power iteration per training forward
+        layer(torch.randn(1, 5))
+    chunks = layer.eval().effective_weight().detach().reshape(3, 4, 5)
+    norms = torch.linalg.matrix_norm(chunks, ord=2)
+    torch.testing.assert_close(norms, torch.tensor([0.5, 2.0, 3.0]), rtol=1e-4, atol=0)
+
+
+def test_gradients_reach_the_scale_and_the_weight():
+    layer = SpectralLinear(4, 3).train()
+    layer(torch.randn(2, 4)).square().sum().backward()
+    assert layer.spectral_scale.grad is not None and layer.spectral_scale.grad.abs().sum() > 0
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_student_state_dict_names_and_shapes():
+    state = tiny_student().state_dict()  # width 32, MLP 128
+    assert state["blocks.0.attn.qkv.weight"].shape == (96, 32)
+    assert state["blocks.0.attn.qkv.spectral_scale"].shape == (3,)  # q, k, v
+    assert state["blocks.0.attn.qkv.spectral_u"].shape == (3, 32)
+    assert state["blocks.0.attn.qkv.spectral_v"].shape == (3, 32)
+    assert state["blocks.1.mlp.fc1.spectral_scale"].shape == (1,)
+    assert state["blocks.1.mlp.fc1.spectral_u"].shape == (1, 128)
+    assert state["blocks.1.mlp.fc2.spectral_v"].shape == (1, 128)
+    assert state["blocks.1.attn.proj.spectral_scale"].shape == (1,)
+    plain = tiny_student(spectral_reparam=False).state_dict()
+    assert {k for k in state if "spectral_" not in k} == set(plain)
+    assert not any("spectral_" in k for k in plain)
+
+
+def _trained_student():
+    """A σReparam student after a few training forwards, with scales away from sigma."""
+    torch.manual_seed(0)
+    student = tiny_student(num_cls_tokens=2).train()
+    for _ in range(3):
+        student(torch.randn(2, 3, 64, 64))
+    with torch.no_grad():
+        for module in student.modules():
+            if isinstance(module, SpectralLinear):
+                module.spectral_scale.mul_(0.7)
+    return student.eval()
+
+
+@torch.no_grad()
+def test_folding_gives_plain_linear_layers_with_the_same_forward():
+    student = _trained_student()
+    images = torch.randn(2, 3, 96, 64)
+    before = student(images)
+    fold_spectral_reparam(student)
+    assert not any(isinstance(m, SpectralLinear) for m in student.modules())
+    assert sum(type(m) is nn.Linear for m in student.blocks.modules()) == 8
+    after = student(images)
+    torch.testing.assert_close(after.features, before.features, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after.summary, before.summary, rtol=1e-5, atol=1e-5)
+    # The folded state dict is that of a student without σReparam.
+    assert set(student.state_dict()) == set(tiny_student(spectral_reparam=False).state_dict())
+
+
+@torch.no_grad()
+def test_a_checkpoint_without_spectral_state_loads_as_the_same_function():
+    """A plain (pre-σReparam or folded) student state dict loads into a σReparam student."""
+    torch.manual_seed(0)
+    plain = tiny_student(spectral_reparam=False).eval()
+    student = tiny_student().eval()
+    student.load_state_dict(plain.state_dict())
+    images = torch.randn(1, 3, 64, 64)
+    torch.testing.assert_close(
+        student(images).features, plain(images).features, rtol=1e-5, atol=1e-5
+    )
