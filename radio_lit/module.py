@@ -146,6 +146,13 @@ class DistillationModule(pl.LightningModule):
             if isinstance(student_resolution, int)
             else tuple(student_resolution)
         )
+        patch = student.patch_size
+        if any(side <= 0 or side % patch for side in self.student_resolution):
+            raise ValueError(
+                f"model.student_resolution {student_resolution} is not a positive multiple of "
+                f"the student's patch size {patch}; use e.g. "
+                f"{max(1, round(self.student_resolution[0] / patch)) * patch}"
+            )
         self.student_mean = tuple(student_mean)
         self.student_std = tuple(student_std)
         self.feature_loss = loss if loss is not None else MSE()
@@ -220,8 +227,15 @@ class DistillationModule(pl.LightningModule):
                 f"model.init_from: checkpoint {path} does not exist; point it at the previous "
                 "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
             )
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated, not a checkpoint, or pickled objects
+            raise ValueError(
+                f"model.init_from: {path} cannot be read as a checkpoint "
+                f"({str(error).splitlines()[0]}); point it at "
+                "a .ckpt written by radio-lit fit"
+            ) from error
+        state = state.get("state_dict", state) if isinstance(state, dict) else {}
         weights = {k: v for k, v in state.items() if k.startswith(_STUDENT_PREFIXES)}
         if not weights:
             raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")

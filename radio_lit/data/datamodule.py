@@ -22,8 +22,8 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 
-from radio_lit.data.image_folder import ImageFolderDataset
-from radio_lit.data.shards import ImageShards
+from radio_lit.data.image_folder import ImageFolderDataset, list_images
+from radio_lit.data.shards import ImageShards, existing_shard_urls
 from radio_lit.data.synthetic import SyntheticImages
 from radio_lit.data.transforms import eval_transform, train_transform
 
@@ -47,6 +47,8 @@ class ImageDataModule(LightningDataModule):
                 "crop_size and batch_size must be positive and num_workers non-negative, got "
                 f"crop_size={crop_size}, batch_size={batch_size}, num_workers={num_workers}"
             )
+        if val_dir is not None:
+            _check_image_folder(val_dir, "val_dir")
         self.crop_size = crop_size
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -143,6 +145,7 @@ class ImageFolderDataModule(ImageDataModule):
         super().__init__(crop_size, batch_size, num_workers, val_dir)
         if repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {repeats}")
+        _check_image_folder(train_dir, "train_dir")
         self.train_dir = train_dir
         self.scale = scale
         self.repeats = repeats
@@ -182,6 +185,10 @@ class WebDatasetDataModule(ImageDataModule):
         val_dir: str | None = None,
     ) -> None:
         super().__init__(crop_size, batch_size, num_workers, val_dir)
+        try:
+            existing_shard_urls(urls)
+        except (FileNotFoundError, ValueError) as error:
+            raise FileNotFoundError(f"data.init_args.urls: {error}") from error
         self.urls = urls
         self.samples_per_epoch = samples_per_epoch
         self.scale = scale
@@ -226,3 +233,11 @@ class SyntheticDataModule(ImageDataModule):
 
     def build_train_dataset(self) -> SyntheticImages:
         return SyntheticImages(self.num_samples, self.crop_size, self.seed)
+
+
+def _check_image_folder(root: str, option: str) -> None:
+    """Fail at construction, naming ``data.init_args.<option>``, if ``root`` has no image."""
+    try:
+        list_images(root)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"data.init_args.{option}: {error}") from error

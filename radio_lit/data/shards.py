@@ -57,6 +57,26 @@ def expand_shard_urls(urls: str | Sequence[str]) -> list[str]:
     return expanded
 
 
+def existing_shard_urls(urls: str | Sequence[str]) -> list[str]:
+    """:func:`expand_shard_urls`, checked: ``FileNotFoundError`` if a local shard is missing.
+
+    Remote urls and pipes cannot be checked before they are read and are taken as given.
+    """
+    expanded = expand_shard_urls(urls)
+    missing = [
+        url
+        for url in expanded
+        if (path := local_shard_path(url)) is not None and not path.is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{len(missing)} of {len(expanded)} shards do not exist, e.g. {missing[0]} "
+            f"(from {urls!r}); give a brace pattern of existing .tar files such as "
+            "/data/shards/{00000..00099}.tar"
+        )
+    return expanded
+
+
 def local_shard_path(url: str) -> Path | None:
     """The file a plain path or ``file:`` url names; ``None`` for remote urls and pipes."""
     parsed = urlparse(url)
@@ -110,17 +130,7 @@ class ImageShards(IterableDataset[Tensor]):
             )
         if shuffle_buffer <= 0:
             raise ValueError(f"shuffle_buffer must be positive, got {shuffle_buffer}")
-        self.urls = expand_shard_urls(urls)
-        missing = [
-            url
-            for url in self.urls
-            if (path := local_shard_path(url)) is not None and not path.is_file()
-        ]
-        if missing:
-            raise FileNotFoundError(
-                f"{len(missing)} of {len(self.urls)} shards do not exist, e.g. {missing[0]} "
-                f"(from {urls!r})"
-            )
+        self.urls = existing_shard_urls(urls)
         self.transform = transform
         self.batch_size = batch_size
         self.num_batches = samples_per_epoch // batch_size
