@@ -279,17 +279,34 @@ class DistillationModule(pl.LightningModule):
         yield from self.student.named_parameters(prefix="student")
         yield from self.heads.named_parameters(prefix="heads")
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        decay, no_decay = [], []
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups: trunk and heads apart, each with and without decay.
+
+        Named ``trunk_decay``, ``trunk_no_decay`` (``student.*``) and ``heads_decay``,
+        ``heads_no_decay`` (everything else); biases, norms, position embeddings and tokens
+        get no weight decay. The trunk has groups of its own so that its optimizer state (e.g.
+        timm ``Lamb``'s per-group step counter) can start afresh when ``FreezeBody`` releases
+        it (PHI-S A.7) while the heads' state carries on.
+        """
+        groups: dict[str, list[nn.Parameter]] = {
+            name: [] for name in ("trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay")
+        }
         for name, param in self.trainable_parameters():
+            part = "trunk" if name.startswith("student.") else "heads"
             exempt = param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
-            (no_decay if exempt else decay).append(param)
-        optimizer = self.optimizer_factory(
-            [
-                {"params": decay, "name": "decay"},
-                {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
-            ]
-        )
+            groups[f"{part}_{'no_decay' if exempt else 'decay'}"].append(param)
+        return [
+            {
+                "params": params,
+                "name": name,
+                **({"weight_decay": 0.0} if "no_decay" in name else {}),
+            }
+            for name, params in groups.items()
+            if params
+        ]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(self.parameter_groups())
         total = max(1, int(self.trainer.estimated_stepping_batches))
         schedule = LambdaLR(
             optimizer,
