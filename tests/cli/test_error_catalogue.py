@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from radio_lit import cli
 from radio_lit.data.image_folder import list_images
@@ -135,6 +136,19 @@ def outcomes(tmp_path_factory):
         ["--model.student_resolution", "70"],
         {**env, TRACEBACK_ENV: "1"},
     )
+    jobs["diverging run"] = (
+        [
+            "--model.optimizer.init_args.lr",
+            "1e12",
+            "--trainer.max_steps",
+            "4",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp / "diverging"),
+            "--trainer.default_root_dir",
+            str(tmp / "diverging"),
+        ],
+        env,
+    )
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, *job) for name, job in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
@@ -160,6 +174,21 @@ def test_the_traceback_is_shown_on_request(outcomes):
     assert result.returncode == 2
     assert "Traceback (most recent call last)" in result.stderr
     assert "model.student_resolution 70" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_with_the_cause_and_saves_no_nan(outcomes, tmp_path_factory):
+    """``radio-lit fit --config configs/quickstart.yaml --model.optimizer.init_args.lr 1e12``."""
+    result = outcomes["diverging run"]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "radio-lit: error: non-finite gradients at step 1" in result.stderr
+    assert "clip/feature_loss" in result.stderr
+    assert "model.optimizer.init_args.lr" in result.stderr
+    run_dir = next(tmp_path_factory.getbasetemp().glob("catalogue*/diverging"))
+    for checkpoint in run_dir.rglob("*.ckpt"):
+        state = torch.load(checkpoint, weights_only=True)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 
 
 def _list_images_command(argv: list[str]) -> None:
