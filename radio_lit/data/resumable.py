@@ -1,0 +1,105 @@
+"""Training data that continue exactly where they stopped after a resume.
+
+A resumed run must see the same next sample with the same random crop as the uninterrupted
+run, with 0 or several DataLoader workers, on one or several ranks:
+
+* the order comes from :class:`SeededSampler`, a ``DistributedSampler`` (so Lightning keeps
+  it under DDP) whose order depends only on ``(seed, epoch)``;
+* each sample's crop is drawn under its own seed ``(seed, epoch, index)``
+  (:func:`sample_seed`, :func:`seeded`), so it does not depend on which worker produced it
+  or on what that worker drew before;
+* the position in the epoch is kept by torchdata's ``StatefulDataLoader``
+  (:class:`ResumableDataLoader`), whose state Lightning stores in every checkpoint and
+  restores on ``--ckpt_path``; iterable datasets (webdataset shards) save their own epoch
+  and position in each worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+def sample_seed(*keys: int) -> int:
+    """A 63-bit seed that depends only on the integers ``keys`` (e.g. seed, epoch, index)."""
+    return hash(tuple(keys)) & (2**63 - 1)  # tuples of ints hash the same in every process
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the block with the CPU torch RNG seeded by ``seed``; the RNG state is restored after.
+
+    torchvision's random transforms draw from the global torch RNG; this makes one sample's
+    draws depend on its seed only.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class ResumableDataLoader(StatefulDataLoader):
+    """torchdata's ``StatefulDataLoader``, resuming a map-style epoch that had ended as the
+    start of the next epoch.
+
+    A checkpoint written after the last batch of an epoch holds a snapshot at the end of
+    that epoch; ``StatefulDataLoader`` would resume it as an epoch with no batch left, one
+    epoch behind Lightning's count. Such a snapshot is dropped: the next epoch starts from
+    its beginning, in the order ``set_epoch`` gives it. (Iterable datasets keep their own
+    epoch count in their state, see ``ImageShards.load_state_dict``.)
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        yielded = state_dict.get("_snapshot", {}).get("_snapshot_step", 0)
+        if not isinstance(self.dataset, IterableDataset) and yielded >= len(self):
+            return
+        super().load_state_dict(state_dict)
+
+
+class SeededSampler(DistributedSampler):
+    """``DistributedSampler`` yielding ``(index, crop_seed)``, with the seed fixed by
+    ``(seed, epoch, index)``.
+
+    Args:
+        dataset: the map-style dataset (only its length is used).
+        num_replicas: number of ranks.
+        rank: this rank.
+        seed: base seed of the shuffle and of every crop.
+        shuffle: shuffle each epoch (a new order per ``set_epoch``).
+    """
+
+    def __init__(
+        self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True
+    ) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+        for index in super().__iter__():
+            yield index, sample_seed(self.seed, self.epoch, index)
+
+
+class SeededItems(Dataset[Tensor]):
+    """``dataset`` read with per-sample seeds: item ``(i, seed)`` is ``dataset[i]`` drawn under
+    :func:`seeded` ``(seed)``; ``[3, S, S]`` uint8 for the image datasets of this package."""
+
+    def __init__(self, dataset: Dataset[Tensor]) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Tensor:
+        index, seed = key
+        with seeded(seed):
+            return self.dataset[index]
+
+    def __getattr__(self, name: str) -> Any:
+        # num_skipped, bad_paths, ... of the wrapped dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
