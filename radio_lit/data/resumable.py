@@ -4,7 +4,7 @@ A resumed run must see the same next sample with the same random crop as the uni
 run, with 0 or several DataLoader workers, on one or several ranks:
 
 * the order comes from :class:`SeededSampler`, a ``DistributedSampler`` (so Lightning keeps
-  it under DDP) whose order depends only on ``(seed, epoch)``;
+  it under DDP) whose order depends only on ``(seed, epoch)`` and whose state holds both;
 * each sample's crop is drawn under its own seed ``(seed, epoch, index)``
   (:func:`sample_seed`, :func:`seeded`), so it does not depend on which worker produced it
   or on what that worker drew before;
@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 
 def sample_seed(*keys: int) -> int:
@@ -61,9 +62,12 @@ class ResumableDataLoader(StatefulDataLoader):
         super().load_state_dict(state_dict)
 
 
-class SeededSampler(DistributedSampler):
-    """``DistributedSampler`` yielding ``(index, crop_seed)``, with the seed fixed by
-    ``(seed, epoch, index)``.
+class SeededSampler(StatefulDistributedSampler):
+    """torchdata's ``StatefulDistributedSampler`` yielding ``(index, crop_seed)``, the seed
+    fixed by ``(seed, epoch, index)``; its state holds the epoch as well as the position.
+
+    Lightning creates the data iterator of a resumed run before it calls ``set_epoch``, so
+    the epoch must come back with the state for a resumed epoch to keep its order.
 
     Args:
         dataset: the map-style dataset (only its length is used).
@@ -76,11 +80,18 @@ class SeededSampler(DistributedSampler):
     def __init__(
         self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True
     ) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         for index in super().__iter__():
             yield index, sample_seed(self.seed, self.epoch, index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "epoch": self.epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.set_epoch(int(state_dict["epoch"]))
 
 
 class SeededItems(Dataset[Tensor]):
