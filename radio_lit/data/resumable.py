@@ -17,6 +17,7 @@ run, with 0 or several DataLoader workers, on one or several ranks:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -25,6 +26,9 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+# torchdata 0.11 calls a torch API that torch 2.14 deprecates, once per loader iterator.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 
 
 def sample_seed(*keys: int) -> int:
@@ -45,21 +49,41 @@ def seeded(seed: int) -> Iterator[None]:
 
 
 class ResumableDataLoader(StatefulDataLoader):
-    """torchdata's ``StatefulDataLoader``, resuming a map-style epoch that had ended as the
-    start of the next epoch.
+    """torchdata's ``StatefulDataLoader``, resuming an epoch that had ended as the start of
+    the next epoch.
 
     A checkpoint written after the last batch of an epoch holds a snapshot at the end of
     that epoch; ``StatefulDataLoader`` would resume it as an epoch with no batch left, one
-    epoch behind Lightning's count. Such a snapshot is dropped: the next epoch starts from
-    its beginning, in the order ``set_epoch`` gives it. (Iterable datasets keep their own
-    epoch count in their state, see ``ImageShards.load_state_dict``.)
+    epoch behind Lightning's count. For a map-style dataset such a snapshot is dropped (the
+    next epoch starts from its beginning, in the order ``set_epoch`` gives it); an iterable
+    dataset keeps its state (its epoch count is in it) and its empty remainder is run
+    through before the next epoch is handed out.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._finish_resumed_epoch = False
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        yielded = state_dict.get("_snapshot", {}).get("_snapshot_step", 0)
-        if not isinstance(self.dataset, IterableDataset) and yielded >= len(self):
+        complete = batches_yielded(state_dict) >= len(self)
+        if complete and not isinstance(self.dataset, IterableDataset):
             return
+        self._finish_resumed_epoch = complete
         super().load_state_dict(state_dict)
+
+    def __iter__(self) -> Any:
+        if self._finish_resumed_epoch:
+            self._finish_resumed_epoch = False
+            for _ in super().__iter__():
+                raise RuntimeError("a data loader state saved at an epoch end yielded more data")
+        return super().__iter__()
+
+
+def batches_yielded(state_dict: dict[str, Any]) -> int:
+    """Batches a ``StatefulDataLoader`` state says its epoch had yielded (0 or more workers)."""
+    if "_snapshot" in state_dict:  # worker processes
+        return int(state_dict["_snapshot"]["_snapshot_step"])
+    return int(state_dict.get("_num_yielded", 0))
 
 
 class SeededSampler(StatefulDistributedSampler):

@@ -189,15 +189,12 @@ class ImageShards(IterableDataset[Tensor]):
         return {"epoch": self._epoch, "position": self._position, "yielded": self._yielded}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Continue after the saved position; an epoch saved complete resumes as the next one."""
+        """Continue the saved epoch after the saved position (a finished share yields nothing
+        more this epoch); the next ``__iter__`` after that starts the next epoch."""
         self._epoch = int(state_dict["epoch"])
         self._position = int(state_dict["position"])
         self._yielded = int(state_dict["yielded"])
-        rank, _, worker, num_workers = pytorch_worker_info()
-        if self._yielded >= worker_share(self.num_batches, worker, num_workers) * self.batch_size:
-            self._resume = None  # the next __iter__ starts epoch + 1 from its beginning
-        else:
-            self._resume = (self._epoch, self._position)
+        self._resume = (self._epoch, self._position)
 
     @property
     def num_skipped(self) -> int:
