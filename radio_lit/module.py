@@ -190,6 +190,13 @@ class DistillationModule(pl.LightningModule):
             if isinstance(student_resolution, int)
             else tuple(student_resolution)
         )
+        patch = student.patch_size
+        if any(side <= 0 or side % patch for side in self.student_resolution):
+            raise ValueError(
+                f"model.student_resolution {student_resolution} is not a positive multiple of "
+                f"the student's patch size {patch}; use e.g. "
+                f"{max(1, round(self.student_resolution[0] / patch)) * patch}"
+            )
         self.student_mean = tuple(student_mean or student.pixel_mean)
         self.student_std = tuple(student_std or student.pixel_std)
         self.feature_loss = loss if loss is not None else MSE()
@@ -277,8 +284,15 @@ class DistillationModule(pl.LightningModule):
                 f"model.init_from: checkpoint {path} does not exist; point it at the previous "
                 "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
             )
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated, not a checkpoint, or pickled objects
+            raise ValueError(
+                f"model.init_from: {path} cannot be read as a checkpoint "
+                f"({str(error).splitlines()[0]}); point it at "
+                "a .ckpt written by radio-lit fit"
+            ) from error
+        state = state.get("state_dict", state) if isinstance(state, dict) else {}
         weights = {k: v for k, v in state.items() if k.startswith(_STUDENT_PREFIXES)}
         if not weights:
             raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
@@ -332,19 +346,36 @@ class DistillationModule(pl.LightningModule):
         yield from self.heads.named_parameters(prefix="heads")
         yield from self.balancer.named_parameters(prefix="balancer")
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        decay, no_decay = [], []
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups: trunk and heads apart, each with and without decay.
+
+        Named ``trunk_decay``, ``trunk_no_decay`` (``student.*``) and ``heads_decay``,
+        ``heads_no_decay`` (everything else); biases, norms, position embeddings and tokens
+        get no weight decay. The trunk has groups of its own so that its optimizer state (e.g.
+        timm ``Lamb``'s per-group step counter) can start afresh when ``FreezeBody`` releases
+        it (PHI-S A.7) while the heads' state carries on.
+        """
+        groups: dict[str, list[nn.Parameter]] = {
+            name: [] for name in ("trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay")
+        }
         for name, param in self.trainable_parameters():
+            part = "trunk" if name.startswith("student.") else "heads"
             exempt = not name.endswith(_ALWAYS_DECAYED) and (
                 param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
             )
-            (no_decay if exempt else decay).append(param)
-        optimizer = self.optimizer_factory(
-            [
-                {"params": decay, "name": "decay"},
-                {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
-            ]
-        )
+            groups[f"{part}_{'no_decay' if exempt else 'decay'}"].append(param)
+        return [
+            {
+                "params": params,
+                "name": name,
+                **({"weight_decay": 0.0} if "no_decay" in name else {}),
+            }
+            for name, params in groups.items()
+            if params
+        ]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(self.parameter_groups())
         total = max(1, int(self.trainer.estimated_stepping_batches))
         schedule = LambdaLR(
             optimizer,

@@ -1,7 +1,18 @@
-"""Training callbacks: teacher statistics estimation, trunk freezing, throughput."""
+"""Training callbacks: teacher statistics estimation, trunk freezing, non-finite guard,
+throughput."""
 
 from radio_lit.callbacks.freeze import FreezeBody
+from radio_lit.callbacks.guard import NonFiniteGuard
+from radio_lit.callbacks.random_states import RandomStates
+from radio_lit.callbacks.skipped_data import SkippedData
 from radio_lit.callbacks.statistics import TeacherStatsEstimation
 from radio_lit.callbacks.throughput import ImagesPerSecond
 
-__all__ = ["FreezeBody", "ImagesPerSecond", "TeacherStatsEstimation"]
+__all__ = [
+    "FreezeBody",
+    "ImagesPerSecond",
+    "NonFiniteGuard",
+    "RandomStates",
+    "SkippedData",
+    "TeacherStatsEstimation",
+]

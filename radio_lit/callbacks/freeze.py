@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from torch import Tensor
 from torch.optim import Optimizer
 
 from radio_lit.callbacks._common import distillation_module
@@ -23,6 +24,12 @@ class FreezeBody(Callback):
     gradients (``grad = None``) makes every optimizer skip the trunk — no update, no weight
     decay, no moment — while the heads train. The schedule follows ``trainer.global_step``,
     which checkpoints restore, so a resumed run unfreezes at the same step.
+
+    At the first unfrozen step the optimizer's state of the trunk is forgotten
+    (:func:`restart_optimizer_state`): the trunk's moment estimates and step counters start
+    there, as a fresh optimizer's would. This needs the trunk in parameter groups of its own
+    (``DistillationModule.parameter_groups``), or a group step counter (timm ``Lamb``) shared
+    with the heads would count the frozen steps and skip the trunk's bias correction.
 
     Args:
         steps: optimizer steps with a frozen trunk at the start of the stage (PHI-S: 5,000).
@@ -43,7 +50,27 @@ class FreezeBody(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
-        if trainer.global_step >= self.steps:
+        if trainer.global_step > self.steps:
             return
-        for param in distillation_module(pl_module).student.parameters():
+        trunk = list(distillation_module(pl_module).student.parameters())
+        if trainer.global_step == self.steps:
+            restart_optimizer_state(optimizer, trunk)
+            return
+        for param in trunk:
             param.grad = None
+
+
+def restart_optimizer_state(optimizer: Optimizer, params: list[Tensor]) -> None:
+    """Forget ``optimizer``'s state of ``params``, so their next update is a first step.
+
+    Per-parameter state (AdamW's moments and step) is dropped, and so is the step counter of
+    every parameter group made only of ``params`` (timm ``Lamb`` counts steps per group, and
+    counts them even for a group without gradients): after the frozen-trunk phase, the
+    trunk's first update is then what a fresh optimizer's first update would be.
+    """
+    ids = {id(p) for p in params}
+    for param in params:
+        optimizer.state.pop(param, None)
+    for group in optimizer.param_groups:
+        if group["params"] and all(id(p) in ids for p in group["params"]):
+            group.pop("step", None)

@@ -16,14 +16,16 @@ Three sources share :class:`ImageDataModule`:
 from __future__ import annotations
 
 from collections.abc import Sized
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 
-from radio_lit.data.image_folder import ImageFolderDataset
-from radio_lit.data.shards import ImageShards
+from radio_lit.data.image_folder import ImageFolderDataset, list_images
+from radio_lit.data.resumable import ResumableDataLoader, SeededItems, SeededSampler
+from radio_lit.data.shards import ImageShards, existing_shard_urls
 from radio_lit.data.synthetic import SyntheticImages
 from radio_lit.data.transforms import eval_transform, train_transform
 
@@ -36,10 +38,14 @@ class ImageDataModule(LightningDataModule):
         batch_size: images per batch and per rank.
         num_workers: DataLoader worker processes (persistent when > 0).
         val_dir: optional folder of validation images (or ``"radio_lit:sample_images"``).
+        seed: base seed of the training order, the crops and the workers' seeds.
+
+    Training batches come from a torchdata ``StatefulDataLoader`` whose position Lightning
+    checkpoints: a resumed run continues with the same next sample and the same crop.
     """
 
     def __init__(
-        self, crop_size: int, batch_size: int, num_workers: int, val_dir: str | None
+        self, crop_size: int, batch_size: int, num_workers: int, val_dir: str | None, seed: int = 0
     ) -> None:
         super().__init__()
         if crop_size <= 0 or batch_size <= 0 or num_workers < 0:
@@ -47,10 +53,13 @@ class ImageDataModule(LightningDataModule):
                 "crop_size and batch_size must be positive and num_workers non-negative, got "
                 f"crop_size={crop_size}, batch_size={batch_size}, num_workers={num_workers}"
             )
+        if val_dir is not None:
+            _check_image_folder(val_dir, "val_dir")
         self.crop_size = crop_size
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.val_dir = val_dir
+        self.seed = seed
         self.train_dataset: Dataset[Tensor] | None = None
         self.val_dataset: Dataset[Tensor] | None = None
 
@@ -91,15 +100,29 @@ class ImageDataModule(LightningDataModule):
     predict_dataloader = test_dataloader
 
     def _loader(self, dataset: Dataset[Tensor], train: bool) -> DataLoader[Tensor]:
-        return DataLoader(
-            dataset,
+        """Training: a resumable torchdata ``StatefulDataLoader`` (``resumable.py``); evaluation: a
+        plain ordered DataLoader. Worker seeds come from a generator of their own, so
+        creating a loader never draws from the global torch RNG that the step uses."""
+        options: dict[str, Any] = dict(
             batch_size=self.batch_size,
-            shuffle=train and not isinstance(dataset, IterableDataset),
             drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(self.seed),
         )
+        if not train:
+            return DataLoader(dataset, **options)
+        if isinstance(dataset, IterableDataset):
+            return ResumableDataLoader(dataset, **options)
+        trainer = self.trainer
+        sampler = SeededSampler(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=trainer.world_size if trainer is not None else 1,
+            rank=trainer.global_rank if trainer is not None else 0,
+            seed=self.seed,
+        )
+        return ResumableDataLoader(SeededItems(dataset), sampler=sampler, **options)
 
     def _check_one_batch_per_rank(self, dataset: Dataset[Tensor]) -> None:
         """Fail clearly when ``drop_last`` would leave a rank with no training batch."""
@@ -126,6 +149,8 @@ class ImageFolderDataModule(ImageDataModule):
         scale: range of a training crop's area as a fraction of the image's area.
         repeats: passes over the folder per epoch, each with fresh random crops (for small
             folders, so an epoch is more than a handful of steps).
+        seed: base seed of the shuffle and of each sample's crop, drawn from
+            ``(seed, epoch, index)`` so a resumed run gets the same crops (``resumable.py``).
 
     Unreadable files are skipped and counted (``ImageFolderDataset.num_skipped``).
     """
@@ -139,10 +164,12 @@ class ImageFolderDataModule(ImageDataModule):
         num_workers: int = 4,
         scale: tuple[float, float] = (0.35, 1.0),
         repeats: int = 1,
+        seed: int = 0,
     ) -> None:
-        super().__init__(crop_size, batch_size, num_workers, val_dir)
+        super().__init__(crop_size, batch_size, num_workers, val_dir, seed)
         if repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {repeats}")
+        _check_image_folder(train_dir, "train_dir")
         self.train_dir = train_dir
         self.scale = scale
         self.repeats = repeats
@@ -181,12 +208,15 @@ class WebDatasetDataModule(ImageDataModule):
         seed: int = 0,
         val_dir: str | None = None,
     ) -> None:
-        super().__init__(crop_size, batch_size, num_workers, val_dir)
+        super().__init__(crop_size, batch_size, num_workers, val_dir, seed)
+        try:
+            existing_shard_urls(urls)
+        except (FileNotFoundError, ValueError) as error:
+            raise FileNotFoundError(f"data.init_args.urls: {error}") from error
         self.urls = urls
         self.samples_per_epoch = samples_per_epoch
         self.scale = scale
         self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
 
     def build_train_dataset(self) -> ImageShards:
         return ImageShards(
@@ -220,9 +250,16 @@ class SyntheticDataModule(ImageDataModule):
         seed: int = 0,
         val_dir: str | None = None,
     ) -> None:
-        super().__init__(crop_size, batch_size, num_workers, val_dir)
+        super().__init__(crop_size, batch_size, num_workers, val_dir, seed)
         self.num_samples = num_samples
-        self.seed = seed
 
     def build_train_dataset(self) -> SyntheticImages:
         return SyntheticImages(self.num_samples, self.crop_size, self.seed)
+
+
+def _check_image_folder(root: str, option: str) -> None:
+    """Fail at construction, naming ``data.init_args.<option>``, if ``root`` has no image."""
+    try:
+        list_images(root)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"data.init_args.{option}: {error}") from error

@@ -9,7 +9,9 @@ rather than a pass over the shards:
   seeded by ``seed``, its rank, its worker id and its epoch count, so ranks and workers read
   different data and a run is reproducible (the rank is read as webdataset does: ``RANK`` /
   ``WORLD_SIZE`` in the environment, else ``torch.distributed``);
-* samples are shuffled in a buffer of raw (still encoded) samples, then decoded and cropped;
+* samples are shuffled in a buffer of raw (still encoded) samples, then decoded and cropped,
+  each crop under its own seed; each worker's epoch and position are saved in checkpoints
+  (``state_dict``), so a resumed run continues with the same samples and crops;
 * an epoch yields ``samples_per_epoch // batch_size`` whole batches per rank, dealt to the
   workers so that their counts add up exactly (no partial batch is ever dropped).
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from itertools import islice
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -36,6 +37,7 @@ from torch.utils.data import IterableDataset
 from webdataset.shardlists import expand_urls
 from webdataset.utils import pytorch_worker_info
 
+from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.transforms import IMAGE_EXTENSIONS, ImageTransform, load_rgb
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,26 @@ def expand_shard_urls(urls: str | Sequence[str]) -> list[str]:
     expanded = [url for pattern in patterns for url in expand_urls(pattern)]
     if not expanded:
         raise ValueError(f"no shard urls given: {urls!r}")
+    return expanded
+
+
+def existing_shard_urls(urls: str | Sequence[str]) -> list[str]:
+    """:func:`expand_shard_urls`, checked: ``FileNotFoundError`` if a local shard is missing.
+
+    Remote urls and pipes cannot be checked before they are read and are taken as given.
+    """
+    expanded = expand_shard_urls(urls)
+    missing = [
+        url
+        for url in expanded
+        if (path := local_shard_path(url)) is not None and not path.is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{len(missing)} of {len(expanded)} shards do not exist, e.g. {missing[0]} "
+            f"(from {urls!r}); give a brace pattern of existing .tar files such as "
+            "/data/shards/{00000..00099}.tar"
+        )
     return expanded
 
 
@@ -110,23 +132,16 @@ class ImageShards(IterableDataset[Tensor]):
             )
         if shuffle_buffer <= 0:
             raise ValueError(f"shuffle_buffer must be positive, got {shuffle_buffer}")
-        self.urls = expand_shard_urls(urls)
-        missing = [
-            url
-            for url in self.urls
-            if (path := local_shard_path(url)) is not None and not path.is_file()
-        ]
-        if missing:
-            raise FileNotFoundError(
-                f"{len(missing)} of {len(self.urls)} shards do not exist, e.g. {missing[0]} "
-                f"(from {urls!r})"
-            )
+        self.urls = existing_shard_urls(urls)
         self.transform = transform
         self.batch_size = batch_size
         self.num_batches = samples_per_epoch // batch_size
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self._epoch = -1  # per process: advances each time this copy starts an epoch
+        self._position = 0  # raw samples read in this epoch (including unreadable ones)
+        self._yielded = 0  # crops yielded in this epoch
+        self._resume: tuple[int, int] | None = None  # set by load_state_dict
         self._failures_in_a_row = 0
         self._skipped = torch.zeros(1, dtype=torch.int64).share_memory_()
 
@@ -134,21 +149,52 @@ class ImageShards(IterableDataset[Tensor]):
         return self.num_batches * self.batch_size
 
     def __iter__(self) -> Iterator[Tensor]:
-        """One epoch of this worker's share: whole batches' worth of ``[3, S, S]`` crops."""
+        """One epoch of this worker's share: whole batches' worth of ``[3, S, S]`` crops.
+
+        Each crop is drawn under its own seed ``(seed, rank, worker, epoch, position)``
+        (``resumable.py``), so a resumed worker draws the crops the interrupted one would have.
+        """
         rank, _, worker, num_workers = pytorch_worker_info()
-        self._epoch += 1
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self._epoch += 1
+            self._position = self._yielded = 0
         rng = random.Random(f"{self.seed}/{rank}/{worker}/{self._epoch}")
-        pipeline = wds.DataPipeline(
-            wds.ResampledShards(self.urls, seed=rng.getrandbits(31), deterministic=True),
-            wds.tarfile_to_samples(handler=self._skip),
-            wds.shuffle(self.shuffle_buffer, rng=rng),
-            wds.map(decode_image, handler=self._skip),
-            wds.map(self.transform),
+        raw = iter(
+            wds.DataPipeline(
+                wds.ResampledShards(self.urls, seed=rng.getrandbits(31), deterministic=True),
+                wds.tarfile_to_samples(handler=self._skip),
+                wds.shuffle(self.shuffle_buffer, rng=rng),
+            )
         )
+        for _ in range(self._position):  # a resumed epoch: skip what was read, undecoded
+            next(raw)
         count = worker_share(self.num_batches, worker, num_workers) * self.batch_size
-        for image in islice(iter(pipeline), count):
+        while self._yielded < count:
+            sample = next(raw)
+            self._position += 1
+            try:
+                image = decode_image(sample)
+            except Exception as error:  # corrupt or missing image: counted and skipped
+                self._skip(error)
+                continue
+            with seeded(sample_seed(self.seed, rank, worker, self._epoch, self._position)):
+                crop = self.transform(image)
             self._failures_in_a_row = 0
-            yield image
+            self._yielded += 1
+            yield crop
+
+    def state_dict(self) -> dict[str, int]:
+        """This worker's epoch and position in it (saved by torchdata's StatefulDataLoader)."""
+        return {"epoch": self._epoch, "position": self._position, "yielded": self._yielded}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Continue the saved epoch after the saved position (a finished share yields nothing
+        more this epoch); the next ``__iter__`` after that starts the next epoch."""
+        self._epoch = int(state_dict["epoch"])
+        self._position = int(state_dict["position"])
+        self._yielded = int(state_dict["yielded"])
+        self._resume = (self._epoch, self._position)
 
     @property
     def num_skipped(self) -> int:

@@ -73,6 +73,10 @@ class DINOv2Teacher(Teacher):
         follow_student: run at the student's grid (view side ``student grid x 14``) instead of
             ``resolution`` (RADIOv2.5 4.2: DINOv2 infers at any resolution); the timm model is
             then built with ``dynamic_img_size=True`` (position embedding interpolated).
+        trust_remote_code: transformers backend: let a Hugging Face repository run its own
+            Python code while loading. Off by default: DINOv2 needs none, and a hub repository's
+            code runs with your permissions. Checkpoints and weight files are always loaded as
+            tensors only (safetensors or ``torch.load(weights_only=True)``).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class DINOv2Teacher(Teacher):
         resolution: int | None = None,
         model_kwargs: dict[str, Any] | None = None,
         follow_student: bool = False,
+        trust_remote_code: bool = False,
     ) -> None:
         kwargs = dict(model_kwargs or {})
         if backend == "timm":
@@ -96,7 +101,9 @@ class DINOv2Teacher(Teacher):
                     "checkpoint is a timm file; with the transformers backend give the "
                     "directory written by save_pretrained as model."
                 )
-            net, spec = _build_transformers(model, pretrained, resolution, kwargs)
+            net, spec = _build_transformers(
+                model, pretrained, resolution, kwargs, trust_remote_code
+            )
         else:
             raise ValueError(f"unknown backend {backend!r}; use 'timm' or 'transformers'.")
         super().__init__(spec.resolution, spec.patch_size, spec.mean, spec.std, follow_student)
@@ -168,7 +175,11 @@ def _build_timm(
 
 
 def _build_transformers(
-    model: str, pretrained: bool, resolution: int | None, kwargs: dict[str, Any]
+    model: str,
+    pretrained: bool,
+    resolution: int | None,
+    kwargs: dict[str, Any],
+    trust_remote_code: bool = False,
 ) -> tuple[nn.Module, _Spec]:
     """A transformers DINOv2 model and its spec; ``kwargs`` override the config."""
     if model in _HF_MODELS:
@@ -179,14 +190,18 @@ def _build_transformers(
             )
         config = _HF_MODELS[model][0](**kwargs)
     else:
-        config = AutoConfig.from_pretrained(model, **kwargs)
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, **kwargs)
     if config.model_type not in _HF_MODELS:
         raise ValueError(
             f"{model!r} is a {config.model_type!r} model; DINOv2Teacher runs "
             f"{' / '.join(_HF_MODELS)} models."
         )
     model_class = _HF_MODELS[config.model_type][1]
-    net = model_class.from_pretrained(model, config=config) if pretrained else model_class(config)
+    net = (
+        model_class.from_pretrained(model, config=config, trust_remote_code=trust_remote_code)
+        if pretrained
+        else model_class(config)
+    )
     spec = _Spec(
         resolution=resolution or config.image_size,
         patch_size=config.patch_size,

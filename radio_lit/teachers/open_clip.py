@@ -137,8 +137,8 @@ def _create_clip(
         )
     config = model_cfg if model_cfg is not None else open_clip.get_model_config(name)
     with _registered_config(name, model_cfg):
-        model = open_clip.create_model(
-            model_name, pretrained=pretrained, force_image_size=resolution
+        model = open_clip.create_model(  # weights as tensors only, never pickled code
+            model_name, pretrained=pretrained, force_image_size=resolution, weights_only=True
         )
     return model, config["embed_dim"]
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli import RadioLitCLI, main
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.partitions import Partition, PartitionPlan
@@ -215,8 +215,15 @@ def test_a_teacher_overrides_the_normalizer_and_the_loss_swaps():
 
 
 def test_a_wrong_teacher_class_is_a_clear_parse_error(capsys):
-    with pytest.raises(SystemExit):
-        instantiate(
-            "--config", QUICKSTART, "--model.teachers.clip.class_path", "radio_lit.teachers.Nope"
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                "--config",
+                QUICKSTART,
+                "--model.teachers.clip.class_path",
+                "radio_lit.teachers.Nope",
+            ]
         )
-    assert "Nope" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "radio_lit.teachers.Nope" in capsys.readouterr().err

@@ -49,7 +49,7 @@ def test_quickstart_trains_logs_and_checkpoints(tmp_path):
         assert f"stats/{teacher}/alpha" in tags
     assert {"train/clip/summary_loss", "train/dino/summary_loss", "train/loss"} <= tags
     assert "train/sam/summary_loss" not in tags
-    assert {"lr/decay", "train/images_per_sec"} <= tags
+    assert {"lr/trunk_decay", "lr/heads_no_decay", "train/images_per_sec"} <= tags
     assert "stats/sam/eigenvalues" in events.Tags()["histograms"]
     for teacher in ("clip", "dino", "sam"):
         values = [e.value for e in events.Scalars(f"train/{teacher}/feature_loss")]

@@ -35,8 +35,8 @@ data:
   class_path: radio_lit.data.WebDatasetDataModule
   init_args:
     urls:
-      - /data/datacomp/{00000..01023}.tar
-      - /data/extra/{000..009}.tar
+      - {root}/datacomp/{{00000..00003}}.tar
+      - {root}/extra/{{000..001}}.tar
     samples_per_epoch: 100000
     shuffle_buffer: 5000
 """
@@ -48,13 +48,24 @@ def build(yaml: str) -> LightningDataModule:
     return parser.instantiate_classes(parser.parse_string(yaml)).data
 
 
-def test_yaml_configs_build_typed_datamodules() -> None:
+def test_yaml_configs_build_typed_datamodules(tmp_path) -> None:
     folder = build(QUICKSTART_DATA)
     assert isinstance(folder, ImageFolderDataModule)
     assert folder.train_dir == SAMPLE_IMAGES and folder.scale == (0.5, 1.0)
-    shards = build(SHARDS_DATA)
+    for name in ("datacomp/00000", "datacomp/00001", "datacomp/00002", "datacomp/00003"):
+        (tmp_path / f"{name}.tar").parent.mkdir(exist_ok=True)
+        (tmp_path / f"{name}.tar").touch()
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra/000.tar").touch()
+    with pytest.raises(ValueError, match=r"1 of 6 shards do not exist, e\.g\. .*extra/001\.tar"):
+        build(SHARDS_DATA.format(root=tmp_path))  # checked when built, not mid-run
+    (tmp_path / "extra/001.tar").touch()
+    shards = build(SHARDS_DATA.format(root=tmp_path))
     assert isinstance(shards, WebDatasetDataModule)
-    assert shards.urls == ["/data/datacomp/{00000..01023}.tar", "/data/extra/{000..009}.tar"]
+    assert shards.urls == [
+        f"{tmp_path}/datacomp/{{00000..00003}}.tar",
+        f"{tmp_path}/extra/{{000..001}}.tar",
+    ]
     assert shards.crop_size == 256 and shards.batch_size == 32
 
 

@@ -111,9 +111,13 @@ def test_optimizer_sees_only_student_and_heads(tmp_path):
     optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for _, p in module.trainable_parameters()}
     assert not any(id(p) in optimized for p in module.teachers.parameters())
-    no_decay = next(g for g in optimizer.param_groups if g["name"] == "no_decay")
-    assert no_decay["weight_decay"] == 0.0
-    assert any(p is module.student.pos_embed for p in no_decay["params"])
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert list(groups) == ["trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay"]
+    assert groups["trunk_no_decay"]["weight_decay"] == groups["heads_no_decay"]["weight_decay"] == 0
+    assert any(p is module.student.pos_embed for p in groups["trunk_no_decay"]["params"])
+    trunk = {id(p) for p in module.student.parameters()}
+    for name, group in groups.items():
+        assert all((id(p) in trunk) == name.startswith("trunk") for p in group["params"]), name
 
 
 def test_teachers_stay_frozen_and_untouched_by_training(tmp_path):

@@ -1,0 +1,167 @@
+"""NonFiniteGuard: stop a diverging run before it corrupts its weights or its checkpoints.
+
+A NaN or Inf gradient stops the run (or, if allowed, skips the update), with a message that
+names the step and what went bad first: a teacher whose features are non-finite (a broken
+weights file), a teacher's normalizer statistics, the weights, or the loss terms
+(``<teacher>/feature_loss``, ``<teacher>/summary_loss``). A checkpoint whose weights or
+statistics are non-finite is never written, so the last good checkpoint stays the last one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torch.optim import Optimizer
+
+from radio_lit.callbacks._common import distillation_module
+from radio_lit.data.views import as_float_images
+from radio_lit.errors import TrainingStopped
+from radio_lit.module import DistillationModule
+
+
+def all_finite(tensors: Iterable[Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite: one fused norm, one host sync.
+
+    The 2-norm of the per-tensor norms is NaN or Inf as soon as one element is.
+    """
+    floats = [t.detach() for t in tensors if t.is_floating_point()]
+    if not floats:
+        return True
+    norms = torch._foreach_norm(floats)
+    return bool(torch.isfinite(torch.linalg.vector_norm(torch.stack(norms).float())).item())
+
+
+def non_finite(named: Iterable[tuple[str, Tensor | None]]) -> list[str]:
+    """Names of the tensors holding a NaN or Inf (``None`` entries are skipped)."""
+    return [
+        name
+        for name, value in named
+        if value is not None
+        and value.is_floating_point()
+        and not bool(torch.isfinite(value.detach()).all())
+    ]
+
+
+class NonFiniteGuard(Callback):
+    """Check every optimizer step's gradients; stop on NaN / Inf with the cause.
+
+    Good steps cost one fused finiteness check of all gradients (one host sync). On a bad
+    step the guard finds the cause by re-running the step's pieces without gradients, then
+    either skips the update (at most ``max_skipped_steps`` times in a run; counted, logged as
+    ``train/skipped_steps`` and checkpointed) or raises
+    :class:`~radio_lit.errors.TrainingStopped` (``radio-lit`` exits with status 1). Checkpoints
+    are checked before they are written: non-finite weights or statistics stop the run instead.
+
+    Args:
+        max_skipped_steps: isolated bad steps whose update is dropped instead of stopping the
+            run (0: the first bad step stops it).
+    """
+
+    def __init__(self, max_skipped_steps: int = 0) -> None:
+        super().__init__()
+        if max_skipped_steps < 0:
+            raise ValueError(f"max_skipped_steps must be non-negative, got {max_skipped_steps}")
+        self.max_skipped_steps = max_skipped_steps
+        self.skipped_steps = 0
+        self._batch: Any = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped_steps = int(state_dict["skipped_steps"])
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch = batch  # kept only to find the cause of a bad step
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
+    ) -> None:
+        module = distillation_module(pl_module)
+        params = [p for _, p in module.trainable_parameters()]
+        if all_finite(p.grad for p in params if p.grad is not None):
+            return
+        cause = diagnose(module, self._batch)
+        step = trainer.global_step
+        if self.skipped_steps < self.max_skipped_steps:
+            self.skipped_steps += 1
+            for param in params:
+                param.grad = None  # no update from this step
+            module.log("train/skipped_steps", float(self.skipped_steps), on_step=True)
+            return
+        allowed = (
+            f" after {self.skipped_steps} skipped step(s) (max_skipped_steps="
+            f"{self.max_skipped_steps})"
+            if self.max_skipped_steps
+            else ""
+        )
+        raise TrainingStopped(
+            f"non-finite gradients at step {step}{allowed}: {cause}. The run stopped before "
+            "applying this update; the last checkpoint holds the last good state. Lower "
+            "model.optimizer.init_args.lr or check the named teacher's weights, then resume "
+            "with --ckpt_path."
+        )
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        bad = non_finite(checkpoint["state_dict"].items())
+        if bad:
+            raise TrainingStopped(
+                f"step {trainer.global_step}: refusing to write a checkpoint with non-finite "
+                f"values in {_listed(bad)}; the last checkpoint holds the last good state"
+            )
+
+
+@torch.no_grad()
+def diagnose(module: DistillationModule, batch: Any) -> str:
+    """What made a step non-finite, first cause first (re-runs the step without gradients)."""
+    statistics = non_finite(
+        (f"{name} ({key})", value)
+        for name, normalizer in module.normalizers.items()
+        for key, value in normalizer.state_dict().items()
+    )
+    if statistics:
+        return f"the normalizer statistics of teacher(s) {_listed(statistics)} are non-finite"
+    weights = non_finite(module.trainable_parameters())
+    if weights:
+        return f"the weights {_listed(weights)} are non-finite (the learning rate is too high?)"
+    if batch is None:
+        return "the gradients are non-finite"
+    crop = as_float_images(batch)
+    outputs = module.run_teachers(crop)
+    teachers = non_finite(
+        (f"{name}.{part}", getattr(out, part))
+        for name, out in outputs.items()
+        for part in ("features", "summary")
+    )
+    if teachers:
+        return (
+            f"teacher output(s) {_listed(teachers)} are non-finite: that teacher's weights "
+            "file is broken or its input overflows"
+        )
+    targets = {
+        name: module.normalizers[name](out.features.float()) for name, out in outputs.items()
+    }
+    losses = module.distillation_losses(module.match(crop, outputs, targets))
+    terms = non_finite(losses.items())
+    if terms:
+        return f"the loss term(s) {_listed(terms)} are non-finite ({_values(losses, terms)})"
+    grads = non_finite((name, p.grad) for name, p in module.trainable_parameters())
+    return f"the loss is finite but the gradients of {_listed(grads)} are not (overflow?)"
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _values(losses: Mapping[str, Tensor], names: list[str]) -> str:
+    return ", ".join(f"{name}={losses[name].item()}" for name in names[:5])

@@ -1,0 +1,91 @@
+"""NonFiniteGuard: a diverging run stops with its cause and never saves non-finite state."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from radio_lit.callbacks import NonFiniteGuard
+from radio_lit.errors import TrainingStopped
+from tests.builders import cpu_trainer, image_batches, tiny_module
+
+
+def fit(tmp_path, module, *callbacks, max_steps=4):
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0
+    )
+    trainer = cpu_trainer(
+        tmp_path,
+        max_steps=max_steps,
+        enable_checkpointing=True,
+        callbacks=[*callbacks, checkpoints],
+    )
+    trainer.fit(module, image_batches(8, 4))
+    return trainer
+
+
+def all_finite_checkpoint(path) -> bool:
+    state = torch.load(path, weights_only=True)["state_dict"]
+    return all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_diverging_run_stops_naming_the_step_and_the_terms(tmp_path):
+    torch.manual_seed(0)
+    module = tiny_module(optimizer=partial(torch.optim.AdamW, lr=1e12))
+    with pytest.raises(TrainingStopped) as stopped:
+        fit(tmp_path, module, NonFiniteGuard())
+    message = str(stopped.value)
+    # step 0's update blows the weights up; step 1's loss is the first non-finite one
+    assert "non-finite gradients at step 1" in message
+    assert "clip/feature_loss" in message and "sam/feature_loss" in message
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 1
+    assert all_finite_checkpoint(last)
+
+
+def test_a_teacher_with_broken_weights_is_named(tmp_path):
+    torch.manual_seed(0)
+    module = tiny_module()
+    with torch.no_grad():
+        next(module.teachers["dino"].parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingStopped, match=r"step 0: teacher output\(s\) dino\.features"):
+        fit(tmp_path, module, NonFiniteGuard())
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+class PoisonGradient(pl.Callback):
+    """A NaN in one head gradient at ``step`` only: an isolated bad step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+        self.heads_before: torch.Tensor | None = None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == self.step:
+            weight = pl_module.heads["clip"].features.out.weight
+            weight.grad[0, 0] = float("nan")
+            self.heads_before = weight.detach().clone()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step + 1:
+            weight = pl_module.heads["clip"].features.out.weight
+            assert torch.equal(weight, self.heads_before), "the bad step's update was applied"
+
+
+def test_isolated_bad_steps_are_skipped_counted_and_checkpointed(tmp_path):
+    torch.manual_seed(0)
+    guard = NonFiniteGuard(max_skipped_steps=1)
+    fit(tmp_path, tiny_module(), PoisonGradient(step=1), guard)
+    assert guard.skipped_steps == 1
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 4
+    assert last["callbacks"]["NonFiniteGuard"] == {"skipped_steps": 1}
+    assert all_finite_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+
+    with pytest.raises(TrainingStopped, match=r"gradients of heads\.clip\.features\.out\.weight"):
+        fit(tmp_path / "strict", tiny_module(), PoisonGradient(step=1), NonFiniteGuard())

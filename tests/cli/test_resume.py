@@ -1,0 +1,174 @@
+"""Exact resume, the way a user meets it: SIGKILL a real ``radio-lit fit`` and resume it.
+
+A quickstart-shaped run (the quickstart's tiny CLIP, DINOv2 and SAM teachers and student, the
+shipped photographs with random crops, 2 DataLoader workers, PHI-S statistics estimated over
+the first steps, a frozen trunk, a checkpoint after every step) is killed with SIGKILL while
+it estimates the teacher statistics, or later while the trunk is frozen, and resumed with
+``--ckpt_path`` on its last checkpoint. It must end with the normalizer statistics and the
+student weights of a run that was never interrupted: same data order, same crops, same CPE
+windows across the resume, and epoch boundaries in between.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+STEPS = 10  # 10 photographs, batches of 4: 2 batches an epoch, so 5 epochs
+ESTIMATION = 4  # statistics estimated over steps 0-3
+FROZEN = 7  # trunk frozen over steps 0-6
+
+
+def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
+    """The quickstart with a tiny schedule, a checkpoint after every step, 2 workers."""
+    callbacks = [
+        {
+            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+            "init_args": {"steps": ESTIMATION, "refit_every": 2},
+        },
+        {"class_path": "radio_lit.callbacks.FreezeBody", "init_args": {"steps": FROZEN}},
+        {"class_path": "radio_lit.callbacks.NonFiniteGuard"},
+        {"class_path": "radio_lit.callbacks.RandomStates"},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {
+                "dirpath": str(run_dir / "checkpoints"),
+                "save_last": True,
+                "save_top_k": 0,
+                "every_n_train_steps": 1,
+            },
+        },
+    ]
+    if pause_at is not None:
+        callbacks.append(
+            {
+                "class_path": "tests.cli.pause.PauseAt",
+                "init_args": {"step": pause_at, "flag": str(run_dir / "paused")},
+            }
+        )
+    config = {
+        "trainer": {
+            "max_steps": STEPS,
+            "logger": False,
+            "default_root_dir": str(run_dir),
+            "enable_model_summary": False,
+            "callbacks": callbacks,
+        },
+        "data": {
+            "init_args": {
+                "val_dir": None,
+                "repeats": 1,
+                "batch_size": 4,
+                "crop_size": 96,
+                "num_workers": 2,
+            }
+        },
+    }
+    path = run_dir / "run.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def command(config: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "radio_lit.cli",
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--config",
+        str(config),
+        *extra,
+    ]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def fit(run_dir: Path, *extra: str) -> dict:
+    config = run_dir / "run.yaml" if (run_dir / "run.yaml").exists() else write_config(run_dir)
+    result = subprocess.run(
+        command(config, *extra),
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "not resumable" not in result.stderr
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def killed_at(run_dir: Path, step: int) -> Path:
+    """Start a run, SIGKILL it when it reaches ``step``; its last checkpoint."""
+    config = write_config(run_dir, pause_at=step)
+    process = subprocess.Popen(
+        command(config),
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while not (run_dir / "paused").exists():
+        assert process.poll() is None, process.stderr.read().decode()[-4000:]
+        assert time.monotonic() < deadline, "the run never reached the kill step"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)  # the run and its DataLoader workers
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == step
+    # the resumed run is a fresh job: same config, without the pause
+    write_config(run_dir)
+    return last
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return fit(tmp_path_factory.mktemp("uninterrupted"))
+
+
+def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
+    assert resumed["global_step"] == uninterrupted["global_step"] == STEPS
+    statistics = [k for k in uninterrupted["state_dict"] if k.startswith("normalizers.")]
+    assert statistics
+    for key in statistics:
+        assert torch.equal(resumed["state_dict"][key], uninterrupted["state_dict"][key]), key
+    weights = [k for k in uninterrupted["state_dict"] if k.startswith(("student.", "heads."))]
+    for key in weights:
+        torch.testing.assert_close(
+            resumed["state_dict"][key],
+            uninterrupted["state_dict"][key],
+            rtol=1e-5,
+            atol=1e-6,
+            msg=key,
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill_at",
+    [pytest.param(3, id="during-statistics-estimation"), pytest.param(5, id="during-frozen-trunk")],
+)
+def test_a_killed_run_resumes_exactly(tmp_path, uninterrupted, kill_at):
+    assert kill_at < ESTIMATION or ESTIMATION <= kill_at < FROZEN
+    last = killed_at(tmp_path, kill_at)
+    resumed = fit(tmp_path, "--ckpt_path", str(last))
+    assert_same_run(resumed, uninterrupted)

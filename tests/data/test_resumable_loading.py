@@ -1,0 +1,85 @@
+"""The training loaders continue exactly where a checkpoint stopped them.
+
+A loader is read for a few batches, its state taken as Lightning takes it for a checkpoint,
+and a brand-new loader (as in a resumed process) restored from that state must yield what the
+original yields next: same samples, same random crops, for the image folder and the
+webdataset shards, with 0 and 2 workers, on each of 2 ranks, mid-epoch and at an epoch end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radio_lit.data import ImageFolderDataModule, WebDatasetDataModule
+from radio_lit.data.image_folder import SAMPLE_IMAGES
+
+
+class Rank:
+    """The bits of a Trainer a datamodule's train_dataloader reads."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.global_rank, self.world_size = rank, world_size
+
+
+def loader(make, rank: int, world_size: int):
+    datamodule = make()
+    datamodule.trainer = Rank(rank, world_size)
+    datamodule.setup("fit")
+    return datamodule.train_dataloader()
+
+
+def epochs(dataloader, first: int, count: int, stop_after: int | None = None):
+    """Batches of ``count`` epochs from epoch ``first``; the state after ``stop_after`` batches."""
+    batches, state = [], None
+    for epoch in range(first, first + count):
+        if hasattr(dataloader.sampler, "set_epoch"):  # as Lightning does each epoch
+            dataloader.sampler.set_epoch(epoch)
+        for batch in dataloader:
+            batches.append(batch)
+            if len(batches) == stop_after:
+                state = dataloader.state_dict()
+    return batches, state
+
+
+def folder(num_workers: int):
+    return lambda: ImageFolderDataModule(
+        SAMPLE_IMAGES, crop_size=32, batch_size=2, num_workers=num_workers, repeats=1
+    )
+
+
+def shards(shard_dir: Path, num_workers: int):
+    return lambda: WebDatasetDataModule(
+        str(shard_dir / "{00000..00002}.tar"),
+        samples_per_epoch=8,
+        crop_size=32,
+        batch_size=2,
+        num_workers=num_workers,
+        shuffle_buffer=4,
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("source", ["folder", "shards"])
+@pytest.mark.parametrize("stop_after", [3, 4], ids=["mid-epoch", "epoch-end"])
+def test_a_restored_loader_yields_what_the_original_yields_next(
+    source, num_workers, stop_after, shard_dir, monkeypatch
+):
+    make = folder(num_workers) if source == "folder" else shards(shard_dir, num_workers)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))  # how webdataset reads the rank
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        reference = loader(make, rank, 2)
+        per_epoch = len(reference)
+        assert per_epoch == (2 if source == "folder" else 4)
+        expected, state = epochs(reference, 0, 3, stop_after=stop_after)
+        # Lightning's epoch after an epoch-end checkpoint is the next one
+        epoch = stop_after // per_epoch
+        resumed = loader(make, rank, 2)
+        resumed.load_state_dict(state)
+        actual, _ = epochs(resumed, epoch, 3 - epoch)
+        assert len(actual) == len(expected) - stop_after
+        for got, want in zip(actual, expected[stop_after:], strict=True):
+            assert torch.equal(got, want)
