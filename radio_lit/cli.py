@@ -35,7 +35,9 @@ class RadioLitCLI(LightningCLI):
 
 #: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test / predict:
 #: name -> ``"module:function"``; the function takes the arguments after the name.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "evaluate": "radio_lit.evaluation.command:evaluate",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
