@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from radio_lit.callbacks._common import distillation_module
@@ -102,6 +103,12 @@ class Evaluation(Callback):
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report:
         """Evaluate the trainer's DistillationModule in eval mode and log the report."""
         module = distillation_module(pl_module)
+        if not module.statistics_ready():
+            rank_zero_warn(
+                f"{type(self).__name__} skipped at step {trainer.global_step}: the teacher "
+                "normalizers are not fitted yet (no teacher-space estimates to evaluate)"
+            )
+            return Report()
         # The measures' data loaders draw from the global RNG: fork it, so that training
         # randomness (crops, CPE windows) is the same with and without evaluation.
         devices = [module.device] if module.device.type == "cuda" else []
