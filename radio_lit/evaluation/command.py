@@ -6,9 +6,9 @@
 
 A training checkpoint is evaluated with the model described by its run's ``config.yaml``
 (``--run_config``; by default the ``config.yaml`` two folders above the checkpoint, where
-``radio-lit fit`` writes it). The measures are the evaluation callbacks of that config, or,
-when ``--config`` / ``--trainer.callbacks…`` arguments follow, the evaluation callbacks those
-give (the run's are dropped), e.g. ``--config callbacks/evaluation.yaml``; with neither, every
+``radio-lit fit`` writes it). The measures are the evaluation callbacks that ``--config`` /
+``--trainer.callbacks+`` arguments after the options give (callback presets, as for ``fit``:
+``--config callbacks/evaluation.yaml``), else the run's own evaluation callbacks, else every
 measure with its defaults. An exported model (``--model_path``) is loaded with
 ``radio_lit.load`` when this installation has it; its teachers (for zero-shot, mode switching
 and the teacher PCA panels) then come from ``--run_config`` if given.
@@ -39,7 +39,7 @@ _RUN_KEYS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_sch
 
 
 def parser() -> ArgumentParser:
-    """The ``radio-lit evaluate`` options (the rest of the line goes to the run's config)."""
+    """The ``radio-lit evaluate`` options (the rest of the line chooses the measures)."""
     p = ArgumentParser(
         prog="radio-lit evaluate",
         description="Evaluate a checkpoint: kNN, zero-shot, PCA images, mode switching, "
@@ -79,13 +79,12 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
         if not checkpoint.is_file():
             raise SystemExit(f"radio-lit evaluate: --ckpt_path {checkpoint} does not exist")
         run_config = run_config or str(checkpoint.resolve().parents[1] / "config.yaml")
-    cli = _run_cli(run_config, rest) if run_config is not None else None
-    measures = _measures(cli, rest)
+    cli = _run_cli(run_config) if run_config is not None else None
     if options.ckpt_path is not None:
-        assert cli is not None
         view, step, module = _checkpoint_view(cli, options.ckpt_path, device)
     else:
         view, step, module = _exported_view(options, cli, device)
+    measures = _measures(cli, rest, bool(view.teachers))
     report = Report()
     with evaluation_mode(module), torch.no_grad():
         for measure in measures:
@@ -120,7 +119,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return mine, rest
 
 
-def _run_cli(run_config: str, rest: list[str]) -> Any:
+def _run_cli(run_config: str) -> Any:
     """The run's model, trainer and callbacks, rebuilt from its config.yaml (not run)."""
     from radio_lit.cli import RadioLitCLI
 
@@ -133,27 +132,45 @@ def _run_cli(run_config: str, rest: list[str]) -> Any:
     config = yaml.safe_load(path.read_text())
     config = {k: v for k, v in config.items() if k in _RUN_KEYS}
     args = ["--config", yaml.safe_dump(config), "--trainer.logger", "false"]
-    if rest:  # measures given on this command line replace the run's
-        args += ["--trainer.callbacks", "[]", *rest]
     with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit evaluate`
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         return RadioLitCLI(args=args, run=False)
 
 
-def _measures(cli: Any, rest: list[str]) -> list[Evaluation]:
-    given = [
-        c for c in (cli.trainer.callbacks if cli is not None else []) if isinstance(c, Evaluation)
-    ]
-    if given or rest:
-        return given
-    return [
-        KNNClassification(),
-        ZeroShotClassification(),
-        PCAFeatureImages(),
-        ModeSwitching(),
-        ScaleEquivariance(),
-        RankMe(),
-    ]
+def _measures(cli: Any, rest: list[str], has_teachers: bool) -> list[Evaluation]:
+    """The measures: from this command line's ``--config`` / ``--trainer.callbacks…``
+    arguments if any, else the run's evaluation callbacks, else every measure by default
+    (those comparing with teachers only when the teachers are known)."""
+    if rest:
+        return [c for c in _callbacks(rest) if isinstance(c, Evaluation)]
+    given = cli.trainer.callbacks if cli is not None else []
+    measures = [c for c in given if isinstance(c, Evaluation)]
+    if measures:
+        return measures
+    defaults: list[Evaluation] = [KNNClassification(), PCAFeatureImages(), ScaleEquivariance()]
+    defaults.append(RankMe())
+    if has_teachers:
+        defaults += [ZeroShotClassification(), ModeSwitching()]
+    return defaults
+
+
+def _callbacks(argv: list[str]) -> list[Any]:
+    """``trainer.callbacks`` from callback presets (``callbacks+:`` lists append, as in fit)."""
+    from jsonargparse import ActionConfigFile
+    from lightning.pytorch.callbacks import Callback
+
+    presets = ArgumentParser(prog="radio-lit evaluate", exit_on_error=False)
+    presets.add_argument("-c", "--config", action=ActionConfigFile)
+    presets.add_argument("--trainer.callbacks", type=list[Callback], default=[])
+    try:
+        parsed = presets.parse_args(argv)
+    except Exception as err:  # jsonargparse's message names the bad key
+        raise SystemExit(
+            f"radio-lit evaluate: {err}\nthe arguments after the command's own options choose "
+            "the measures: --config FILE (e.g. callbacks/evaluation.yaml) or "
+            "--trainer.callbacks+ CLASS"
+        ) from err
+    return presets.instantiate_classes(parsed).trainer.callbacks
 
 
 def _checkpoint_view(cli: Any, ckpt_path: str, device: torch.device) -> tuple[ModelView, int, Any]:
@@ -177,13 +194,16 @@ def _exported_view(options: Any, cli: Any, device: torch.device) -> tuple[ModelV
     teachers = dict(cli.model.teachers.items()) if cli is not None else {}
     for teacher in teachers.values():
         teacher.to(device)
-    patch = int(getattr(model, "patch_size", 0)) or (
-        cli.model.student.patch_size if cli is not None else 16
+    patch = getattr(model, "patch_size", None) or (
+        cli.model.student.patch_size if cli is not None else None
     )
     side = options.resolution or (cli.model.student_resolution[0] if cli is not None else None)
-    if side is None:
-        raise SystemExit("radio-lit evaluate: give --resolution for an exported model")
-    return ModelView(model, (side, side), patch, teachers), 0, model
+    if patch is None or side is None:
+        raise SystemExit(
+            "radio-lit evaluate: give --run_config (the run the model was exported from) or "
+            "--resolution for an exported model that does not state its patch size"
+        )
+    return ModelView(model, (side, side), int(patch), teachers), 0, model
 
 
 def _table(rows: list[tuple[str, float]], step: int) -> str:
