@@ -130,13 +130,19 @@ class KNNClassification(Evaluation):
         report = Report(scalars=self._accuracies(student, train, evaluation, num_classes, view))
         if self.compare_teachers:
             if self._teacher_scalars is None:
-                names = [n for n in self.outputs if n in view.teachers]
+                names = [
+                    n for n in self.outputs if getattr(view.teachers.get(n), "summary_dim", None)
+                ]
 
                 def teachers(images: Tensor) -> dict[str, Tensor]:
-                    out = view.teacher_outputs(images)
-                    return {n: _summary(out, n) for n in names if out[n].summary is not None}
+                    out = view.teacher_outputs(images, names)
+                    return {n: _summary(out, n) for n in names}
 
-                accuracies = self._accuracies(teachers, train, evaluation, num_classes, view)
+                accuracies = (
+                    self._accuracies(teachers, train, evaluation, num_classes, view)
+                    if names
+                    else {}
+                )
                 self._teacher_scalars = {
                     tag.replace("/top1", "/teacher_top1"): v for tag, v in accuracies.items()
                 }

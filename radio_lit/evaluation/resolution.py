@@ -133,7 +133,7 @@ class ModeSwitching(Evaluation):
             images = as_float_images(images_of(batch).to(device))
             valid = valid.to(device)
             if i not in self._reference:
-                outs = view.teacher_outputs(images)
+                outs = view.teacher_outputs(images, names)
                 self._reference[i] = {n: outs[n].features.float() for n in names}
             reference = self._reference[i]
             for r in resolutions:

@@ -10,7 +10,7 @@ teacher's estimate in that teacher's own space (the inference output agreed in B
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -66,9 +66,13 @@ class ModelView:
         return self.model(resize_view(images, size))
 
     @torch.no_grad()
-    def teacher_outputs(self, images: Tensor) -> dict[str, TeacherOutput]:
-        """Every teacher on its own view of ``images [B, 3, h, w]`` in ``[0, 1]``."""
-        return {name: teacher(images) for name, teacher in self.teachers.items()}
+    def teacher_outputs(
+        self, images: Tensor, names: Sequence[str] | None = None
+    ) -> dict[str, TeacherOutput]:
+        """The teachers ``names`` (default all) on their own views of ``images [B, 3, h, w]``
+        in ``[0, 1]``."""
+        names = list(self.teachers) if names is None else names
+        return {name: self.teachers[name](images) for name in names}
 
     @property
     def device(self) -> torch.device:

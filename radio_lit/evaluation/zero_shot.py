@@ -110,7 +110,6 @@ class ZeroShotClassification(Evaluation):
         self.batch_size, self.num_workers = batch_size, num_workers
         self._weights: Tensor | None = None
         self._teacher_predictions: dict[int, Tensor] = {}
-        self._teacher_top1: float | None = None
 
     def class_weights(self, view: ModelView, classes: list[str]) -> Tensor:
         """``[C_s, K]`` text weights from the teacher's text tower (computed once)."""
@@ -159,7 +158,7 @@ class ZeroShotClassification(Evaluation):
             summary = view(images, self.resolution)[self.teacher].summary
             logits = F.normalize(summary.float(), dim=-1) @ weights
             if i not in self._teacher_predictions:
-                reference = view.teachers[self.teacher](images).summary
+                reference = view.teacher_outputs(images, [self.teacher])[self.teacher].summary
                 self._teacher_predictions[i] = (
                     F.normalize(reference.float(), dim=-1) @ weights
                 ).argmax(1)
