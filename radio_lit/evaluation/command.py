@@ -67,7 +67,8 @@ def parser() -> ArgumentParser:
 
 
 def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
-    """Entry point of ``radio-lit evaluate``; returns the printed ``(tag, value)`` rows."""
+    """Entry point of ``radio-lit evaluate``; returns the printed ``(tag, value)`` rows: the
+    scalars, then each curve's points as ``<tag>@<x>px``."""
     args, rest = _split(list(argv))
     options = parser().parse_args(args)
     if (options.ckpt_path is None) == (options.model_path is None):
@@ -89,13 +90,11 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
     with evaluation_mode(module), torch.no_grad():
         for measure in measures:
             report.update(measure.evaluate(view))
-    rows = sorted(report.scalars.items())
+    points = {f"{tag}@{x}px": y for tag, curve in report.curves.items() for x, y in curve.items()}
+    rows = sorted(report.scalars.items()) + list(points.items())
     print(_table(rows, step))
-    if report.images or report.curves:
-        print(
-            f"({len(report.images)} PCA images and {len(report.curves)} curves: "
-            "give --log_dir to write them to TensorBoard)"
-        )
+    if report.images and options.log_dir is None:
+        print(f"({len(report.images)} PCA images: give --log_dir to write them to TensorBoard)")
     if options.log_dir is not None:
         from lightning.pytorch.loggers import TensorBoardLogger
 
