@@ -131,7 +131,7 @@ def labeled_images(
     return LabeledImageFolder(root, crop_size, classes)
 
 
-def image_batches(root: str, crop_size: int, limit: int | None) -> Dataset[Tensor]:
+def unlabeled_images(root: str, crop_size: int, limit: int | None) -> Dataset[Tensor]:
     """Unlabeled images ``[3, S, S]`` uint8 (resize + center crop) of a folder, or the
     photographs shipped with the package for ``"radio_lit:sample_images"``; at most ``limit``."""
     folder = ImageFolderDataset(root, eval_transform(crop_size))

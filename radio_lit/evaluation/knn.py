@@ -68,7 +68,8 @@ class KNNClassification(Evaluation):
 
     Distributed: each rank embeds its share of both splits; the training bank is gathered on
     every rank, each rank votes for its own evaluation images, and the accuracy is reduced by
-    torchmetrics.
+    torchmetrics. Memory: the bank takes ``4 * D`` bytes per training image on every rank
+    (ImageNet-1k's 1.28M images at D = 1024: 5.2 GB).
 
     Args:
         train_dir: labeled folder (``<class>/<images>``) the bank is built from, or

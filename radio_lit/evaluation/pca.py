@@ -19,7 +19,7 @@ from torch import Tensor
 from radio_lit.data.image_folder import SAMPLE_IMAGES
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.evaluation.base import Evaluation, Report
-from radio_lit.evaluation.data import image_batches
+from radio_lit.evaluation.data import unlabeled_images
 from radio_lit.evaluation.view import BACKBONE, ModelView
 from radio_lit.normalizers.spectral import canonical_signs
 
@@ -112,7 +112,7 @@ class PCAFeatureImages(Evaluation):
         self._teachers: dict[str, Tensor] | None = None
 
     def evaluate(self, view: ModelView) -> Report:
-        dataset = image_batches(self.images, self.crop_size, self.num_images)
+        dataset = unlabeled_images(self.images, self.crop_size, self.num_images)
         device = view.device
         # Every rank runs the same images (the panels are small; FSDP needs every rank).
         images = torch.stack([dataset[i] for i in range(len(dataset))])

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset, Subset
 
 from radio_lit.data.views import as_float_images
 from radio_lit.evaluation.base import Evaluation, Report, images_of
-from radio_lit.evaluation.data import SAMPLE_CLASSES, labeled_images, rank_batches
+from radio_lit.evaluation.data import (
+    SAMPLE_CLASSES,
+    labeled_images,
+    rank_batches,
+    unlabeled_images,
+)
 from radio_lit.evaluation.view import ModelView
 from radio_lit.normalizers import Normalizer
 from radio_lit.normalizers.spectral import effective_rank
@@ -102,12 +108,9 @@ class RankMe(Evaluation):
         return Report(scalars={f"eval/rankme/{k}": a.rank() for k, a in accumulators.items()})
 
 
-def _images(root: str, crop_size: int, per_class: int, limit: int | None):
-    from torch.utils.data import Subset
-
-    from radio_lit.evaluation.data import image_batches
-
+def _images(root: str, crop_size: int, per_class: int, limit: int | None) -> Dataset:
+    """The eval crops of the shipped photographs, or the images of a folder (labels unused)."""
     if root == SAMPLE_CLASSES:
         dataset = labeled_images(root, "eval", crop_size, per_class)
         return dataset if limit is None else Subset(dataset, range(min(limit, len(dataset))))
-    return image_batches(root, crop_size, limit)
+    return unlabeled_images(root, crop_size, limit)

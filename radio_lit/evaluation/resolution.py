@@ -26,7 +26,7 @@ from torchmetrics import MeanMetric
 from radio_lit.data.image_folder import SAMPLE_IMAGES
 from radio_lit.data.views import as_float_images
 from radio_lit.evaluation.base import Evaluation, Report, images_of
-from radio_lit.evaluation.data import image_batches, rank_batches
+from radio_lit.evaluation.data import rank_batches, unlabeled_images
 from radio_lit.evaluation.view import BACKBONE, ModelView
 
 
@@ -125,7 +125,7 @@ class ModeSwitching(Evaluation):
                 f"ModeSwitching.teachers names {missing}, which the model does not have; its "
                 f"teachers are {sorted(view.teachers)}"
             )
-        dataset = image_batches(self.images, self.crop_size or resolutions[-1], self.max_images)
+        dataset = unlabeled_images(self.images, self.crop_size or resolutions[-1], self.max_images)
         device = view.device
         mse = {(n, r): MeanMetric().to(device) for n in names for r in resolutions}
         cosine = {(n, r): MeanMetric().to(device) for n in names for r in resolutions}
@@ -224,7 +224,7 @@ class ScaleEquivariance(Evaluation):
             "coarse": self.coarse or [base, 2 * base, 3 * base],
         }
         largest = max(max(r) for r in scales.values())
-        dataset = image_batches(self.images, self.crop_size or largest, self.max_images)
+        dataset = unlabeled_images(self.images, self.crop_size or largest, self.max_images)
         device = view.device
         metrics = {(o, s): MeanMetric().to(device) for o in self.outputs for s in scales}
         for batch, valid in rank_batches(dataset, self.batch_size):
