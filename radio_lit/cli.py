@@ -54,6 +54,7 @@ class RadioLitCLI(LightningCLI):
 #: name -> ``"module:function"``; the function takes the arguments after the name.
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
+    "evaluate": "radio_lit.evaluation.command:evaluate",
     "export": "radio_lit.export.cli:main",
 }
 

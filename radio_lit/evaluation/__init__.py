@@ -1,0 +1,41 @@
+"""What the student learned: kNN and zero-shot classification through the summary, PCA images of
+features, mode switching and scale equivariance across resolutions, RankMe.
+
+Each measure is a Lightning callback (:class:`Evaluation`) that runs every N steps and at the
+end of ``fit``, at the end of ``radio-lit validate`` / ``test``, and from ``radio-lit evaluate``
+on a checkpoint; each evaluates a :class:`ModelView` (images in ``[0, 1]`` -> backbone and
+teacher outputs), so a training module and an exported model are measured alike.
+"""
+
+from radio_lit.evaluation.base import Evaluation, Report, write_report
+from radio_lit.evaluation.data import SAMPLE_CLASSES, LabeledImageFolder, SampleImageClasses
+from radio_lit.evaluation.knn import KNNClassification, knn_votes
+from radio_lit.evaluation.pca import PCAColors, PCAFeatureImages, pca_image
+from radio_lit.evaluation.rank import RankMe, rank_me
+from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance, scale_variance
+from radio_lit.evaluation.view import BACKBONE, ModelView, module_view
+from radio_lit.evaluation.zero_shot import ZeroShotClassification, zero_shot_weights
+
+__all__ = [
+    "BACKBONE",
+    "SAMPLE_CLASSES",
+    "Evaluation",
+    "KNNClassification",
+    "LabeledImageFolder",
+    "ModeSwitching",
+    "ModelView",
+    "PCAColors",
+    "PCAFeatureImages",
+    "RankMe",
+    "Report",
+    "SampleImageClasses",
+    "ScaleEquivariance",
+    "ZeroShotClassification",
+    "knn_votes",
+    "module_view",
+    "pca_image",
+    "rank_me",
+    "scale_variance",
+    "write_report",
+    "zero_shot_weights",
+]

@@ -1,0 +1,212 @@
+"""``radio-lit evaluate``: run the evaluation measures on a checkpoint and print a table.
+
+    radio-lit evaluate --ckpt_path lightning_logs/quickstart/version_0/checkpoints/last.ckpt
+    radio-lit evaluate --ckpt_path RUN/checkpoints/last.ckpt --config my_measures.yaml
+    radio-lit evaluate --model_path exported.safetensors --run_config RUN/config.yaml
+
+A training checkpoint is evaluated with the model described by its run's ``config.yaml``
+(``--run_config``; by default the ``config.yaml`` two folders above the checkpoint, where
+``radio-lit fit`` writes it). The measures are the evaluation callbacks that ``--config`` /
+``--trainer.callbacks+`` arguments after the options give (callback presets, as for ``fit``:
+``--config callbacks/evaluation.yaml``), else the run's own evaluation callbacks, else every
+measure with its defaults. An exported model (``--model_path``) is loaded with
+``radio_lit.load`` when this installation has it; its teachers (for zero-shot, mode switching
+and the teacher PCA panels) then come from ``--run_config`` if given.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+
+from radio_lit.evaluation.base import Evaluation, Report, write_report
+from radio_lit.evaluation.knn import KNNClassification
+from radio_lit.evaluation.pca import PCAFeatureImages
+from radio_lit.evaluation.rank import RankMe
+from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance
+from radio_lit.evaluation.view import ModelView, evaluation_mode, module_view
+from radio_lit.evaluation.zero_shot import ZeroShotClassification
+
+#: Top-level keys of a run's config.yaml that describe the model, data and trainer (the
+#: others, such as ``ckpt_path``, are arguments of the ``fit`` call).
+_RUN_KEYS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler")
+
+
+def parser() -> ArgumentParser:
+    """The ``radio-lit evaluate`` options (the rest of the line chooses the measures)."""
+    p = ArgumentParser(
+        prog="radio-lit evaluate",
+        description="Evaluate a checkpoint: kNN, zero-shot, PCA images, mode switching, "
+        "scale equivariance, RankMe. Arguments after these options (--config FILE, "
+        "--trainer.callbacks+ ...) choose the measures, as for radio-lit fit.",
+    )
+    p.add_argument("--ckpt_path", type=str | None, default=None, help="training checkpoint")
+    p.add_argument(
+        "--model_path", type=str | None, default=None, help="exported model (radio_lit.load)"
+    )
+    p.add_argument(
+        "--run_config",
+        type=str | None,
+        default=None,
+        help="the run's config.yaml (default: <checkpoint>/../../config.yaml)",
+    )
+    p.add_argument(
+        "--resolution", type=int | None, default=None, help="student side (exported model)"
+    )
+    p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--log_dir", type=str | None, default=None, help="also write TensorBoard events here"
+    )
+    return p
+
+
+def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
+    """Entry point of ``radio-lit evaluate``; returns the printed ``(tag, value)`` rows: the
+    scalars, then each curve's points as ``<tag>@<x>px``."""
+    args, rest = _split(list(argv))
+    options = parser().parse_args(args)
+    if (options.ckpt_path is None) == (options.model_path is None):
+        raise SystemExit("radio-lit evaluate: give exactly one of --ckpt_path or --model_path")
+    device = torch.device(options.device)
+    run_config = options.run_config
+    if options.ckpt_path is not None:
+        checkpoint = Path(options.ckpt_path)
+        if not checkpoint.is_file():
+            raise SystemExit(f"radio-lit evaluate: --ckpt_path {checkpoint} does not exist")
+        run_config = run_config or str(checkpoint.resolve().parents[1] / "config.yaml")
+    cli = _run_cli(run_config) if run_config is not None else None
+    if options.ckpt_path is not None:
+        view, step, module = _checkpoint_view(cli, options.ckpt_path, device)
+    else:
+        view, step, module = _exported_view(options, cli, device)
+    measures = _measures(cli, rest, bool(view.teachers))
+    report = Report()
+    with evaluation_mode(module), torch.no_grad():
+        for measure in measures:
+            report.update(measure.evaluate(view))
+    points = {f"{tag}@{x}px": y for tag, curve in report.curves.items() for x, y in curve.items()}
+    rows = sorted(report.scalars.items()) + list(points.items())
+    print(_table(rows, step))
+    if report.images and options.log_dir is None:
+        print(f"({len(report.images)} PCA images: give --log_dir to write them to TensorBoard)")
+    if options.log_dir is not None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        write_report([TensorBoardLogger(options.log_dir, name="evaluate")], report, step)
+    return rows
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """This command's own options, and the rest (for the run's LightningCLI)."""
+    own = {f"--{a.dest}" for a in parser()._actions if a.dest != "help"}
+    mine, rest, i = [], [], 0
+    while i < len(argv):
+        key = argv[i].split("=", 1)[0]
+        target = mine if key in own or key in ("-h", "--help") else rest
+        target.append(argv[i])
+        takes_value = "=" not in argv[i] and key not in ("-h", "--help")
+        if takes_value and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            target.append(argv[i + 1])
+            i += 1
+        i += 1
+    return mine, rest
+
+
+def _run_cli(run_config: str) -> Any:
+    """The run's model, trainer and callbacks, rebuilt from its config.yaml (not run)."""
+    from radio_lit.cli import RadioLitCLI
+
+    path = Path(run_config)
+    if not path.is_file():
+        raise SystemExit(
+            f"radio-lit evaluate: the run's config {path} does not exist; give --run_config "
+            "(radio-lit fit writes config.yaml next to the run's checkpoints/ folder)"
+        )
+    config = yaml.safe_load(path.read_text())
+    config = {k: v for k, v in config.items() if k in _RUN_KEYS}
+    args = ["--config", yaml.safe_dump(config), "--trainer.logger", "false"]
+    with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit evaluate`
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return RadioLitCLI(args=args, run=False)
+
+
+def _measures(cli: Any, rest: list[str], has_teachers: bool) -> list[Evaluation]:
+    """The measures: from this command line's ``--config`` / ``--trainer.callbacks…``
+    arguments if any, else the run's evaluation callbacks, else every measure by default
+    (those comparing with teachers only when the teachers are known)."""
+    if rest:
+        return [c for c in _callbacks(rest) if isinstance(c, Evaluation)]
+    given = cli.trainer.callbacks if cli is not None else []
+    measures = [c for c in given if isinstance(c, Evaluation)]
+    if measures:
+        return measures
+    defaults: list[Evaluation] = [KNNClassification(), PCAFeatureImages(), ScaleEquivariance()]
+    defaults.append(RankMe())
+    if has_teachers:
+        defaults += [ZeroShotClassification(), ModeSwitching()]
+    return defaults
+
+
+def _callbacks(argv: list[str]) -> list[Any]:
+    """``trainer.callbacks`` from callback presets (``callbacks+:`` lists append, as in fit)."""
+    from jsonargparse import ActionConfigFile
+    from lightning.pytorch.callbacks import Callback
+
+    presets = ArgumentParser(prog="radio-lit evaluate", exit_on_error=False)
+    presets.add_argument("-c", "--config", action=ActionConfigFile)
+    presets.add_argument("--trainer.callbacks", type=list[Callback], default=[])
+    try:
+        parsed = presets.parse_args(argv)
+    except Exception as err:  # jsonargparse's message names the bad key
+        raise SystemExit(
+            f"radio-lit evaluate: {err}\nthe arguments after the command's own options choose "
+            "the measures: --config FILE (e.g. callbacks/evaluation.yaml) or "
+            "--trainer.callbacks+ CLASS"
+        ) from err
+    return presets.instantiate_classes(parsed).trainer.callbacks
+
+
+def _checkpoint_view(cli: Any, ckpt_path: str, device: torch.device) -> tuple[ModelView, int, Any]:
+    module = cli.model
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    module.load_state_dict(state["state_dict"])
+    module.to(device)
+    return module_view(module), int(state.get("global_step", 0)), module
+
+
+def _exported_view(options: Any, cli: Any, device: torch.device) -> tuple[ModelView, int, Any]:
+    import radio_lit
+
+    load = getattr(radio_lit, "load", None)
+    if load is None:
+        raise SystemExit(
+            "radio-lit evaluate: this installation has no radio_lit.load, so it cannot read "
+            "exported models; evaluate the training checkpoint with --ckpt_path instead"
+        )
+    model = load(options.model_path).to(device).eval()
+    teachers = dict(cli.model.teachers.items()) if cli is not None else {}
+    for teacher in teachers.values():
+        teacher.to(device)
+    patch = getattr(model, "patch_size", None) or (
+        cli.model.student.patch_size if cli is not None else None
+    )
+    side = options.resolution or (cli.model.student_resolution[0] if cli is not None else None)
+    if patch is None or side is None:
+        raise SystemExit(
+            "radio-lit evaluate: give --run_config (the run the model was exported from) or "
+            "--resolution for an exported model that does not state its patch size"
+        )
+    return ModelView(model, (side, side), int(patch), teachers), 0, model
+
+
+def _table(rows: list[tuple[str, float]], step: int) -> str:
+    width = max([len(tag) for tag, _ in rows] + [len("measure")])
+    lines = [f"{'measure':<{width}}  value   (step {step})", f"{'-' * width}  --------"]
+    lines += [f"{tag:<{width}}  {value:.4g}" for tag, value in rows]
+    return "\n".join(lines)
