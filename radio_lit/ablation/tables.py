@@ -8,8 +8,9 @@ ends with a dict of validation metrics ``{"val/<teacher>/<metric>": value}`` (th
 - fidelity per teacher and their geometric mean (PHI-S A.9.2 eq. 51, table 18; higher);
 - the range of the per-channel error variances, in the normalized space and denormalized to
   the teacher's space (PHI-S 4.1, table 5; lower);
-- each row's mean ordinal rank over the teachers of each of these tables, and their average
-  (the "Teacher MSE" column of PHI-S tables 1 and 12 is such a mean rank; 1 is best).
+- each row's mean ordinal rank over the teachers of each of these tables (for fidelity: the
+  rank of the geometric mean), and their average (the "Teacher MSE" column of PHI-S tables 1
+  and 12 is such a mean rank; 1 is best).
 
 Missing values (a metric a run did not log) are shown as ``-`` and left out of the ranks.
 """
@@ -149,8 +150,16 @@ def metric_table(
 def mean_ranks(
     spec: MetricTable, results: Mapping[str, Metrics], teachers: Sequence[str]
 ) -> dict[str, float | None]:
-    """Each row's rank among the rows, per teacher, averaged over the teachers."""
+    """Each row's rank among the rows, per teacher, averaged over the teachers.
+
+    A table with an across-teacher ``summary`` column is ranked by that column instead: the
+    fidelity of one teacher ranks the rows exactly as its MSE does (``Var[Y]`` is the same
+    for every row), so the geometric mean is what fidelity adds.
+    """
     names = list(results)
+    if spec.summary is not None:
+        values = [results[n].get(spec.summary) for n in names]
+        return dict(zip(names, ordinal_ranks(values, spec.higher_is_better), strict=True))
     per_teacher = [
         ordinal_ranks(
             [results[n].get(f"val/{t}/{spec.metric}") for n in names], spec.higher_is_better
@@ -168,7 +177,11 @@ def rank_table(results: Mapping[str, Metrics], teachers: Sequence[str]) -> Table
         values = [columns[spec.key][name] for spec in TABLES]
         rows.append((name, [*values, _mean(values)]))
     header = ["Method", *(spec.key for spec in TABLES), "Average"]
-    return Table("Mean rank across teachers (1 is best; cf. PHI-S tables 1, 12)", header, rows)
+    return Table(
+        "Mean rank across teachers, fidelity by its geometric mean (1 is best; PHI-S tables 1, 12)",
+        header,
+        rows,
+    )
 
 
 def all_tables(results: Mapping[str, Metrics]) -> dict[str, Table]:

@@ -235,7 +235,7 @@ class RescaledTeacher(Teacher):
         statistics: target statistics: a preset of PHI-S table 7 (``"dfn_clip"``,
             ``"siglip"``, ``"dinov2"``, ``"sam"``) or explicit :class:`FeatureStatistics`.
         dim: feature width ``C`` of the wrapped teacher; default the inner teacher's. The
-            table's extremes need enough channels: e.g. at least 94 for DFN CLIP, 462 for
+            table's extremes need enough channels: e.g. at least 93 for DFN CLIP, 462 for
             SigLIP, 29 for DINOv2 and 235 for SAM (the error says so).
         seed: seed of the mixing matrix, of the target channel statistics and of the
             calibration crops.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ PAPER_ROWS = {
 @pytest.fixture(scope="module")
 def parser():
     """One LightningCLI parser for all rows (building it is the slow part of the CLI)."""
-    return RadioLitCLI(args=["--config", BASE, "--trainer.logger", "false"], run=False).parser
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["radio-lit"])  # as `radio-lit` with nothing more
+        return RadioLitCLI(args=["--config", BASE, "--trainer.logger", "false"], run=False).parser
 
 
 def test_the_rows_are_exactly_the_override_files():

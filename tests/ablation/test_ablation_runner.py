@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from radio_lit.ablation import runner
+from radio_lit.ablation import FinalValidation, runner
 from radio_lit.ablation.rows import ROWS, resolve_rows
 from radio_lit.cli import main
+from tests.builders import cpu_trainer, image_batches, tiny_module
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "configs" / "ablations" / "base.yaml"
@@ -119,3 +120,20 @@ def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path):
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert again.returncode == 0
     assert "MSE: already done" in again.stdout and "PHI-S: already done" in again.stdout
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+def test_final_validation_runs_at_the_last_step_and_saves_its_metrics(tmp_path):
+    metrics_file = tmp_path / "metrics.json"
+    trainer = cpu_trainer(tmp_path, max_steps=3, callbacks=[FinalValidation(str(metrics_file))])
+    # An epoch is 10 steps: without the callback nothing would validate before step 10.
+    trainer.fit(tiny_module(), image_batches(40, 4), image_batches(8, 4, seed=1))
+    saved = json.loads(metrics_file.read_text())
+    assert saved["step"] == 3
+    assert {"val/clip/mse", "val/sam/fidelity", "val/fidelity_geomean"} <= set(saved["metrics"])
+
+    no_validation = cpu_trainer(
+        tmp_path, max_steps=2, callbacks=[FinalValidation(str(metrics_file))]
+    )
+    with pytest.raises(RuntimeError, match="no validation ran at the last training step"):
+        no_validation.fit(tiny_module(), image_batches(40, 4))
