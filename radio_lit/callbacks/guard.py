@@ -86,7 +86,9 @@ class NonFiniteGuard(Callback):
     ) -> None:
         module = distillation_module(pl_module)
         params = [p for _, p in module.trainable_parameters()]
-        if all_finite(p.grad for p in params if p.grad is not None):
+        finite = all_finite(p.grad for p in params if p.grad is not None)
+        # every rank stops (or skips) together, also when only its shard went bad (FSDP)
+        if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
         cause = diagnose(module, self._batch)
         step = trainer.global_step
@@ -122,40 +124,46 @@ class NonFiniteGuard(Callback):
 
 @torch.no_grad()
 def diagnose(module: DistillationModule, batch: Any) -> str:
-    """What made a step non-finite, first cause first (re-runs the step without gradients)."""
+    """What made a step non-finite, first cause first (re-runs the step without gradients).
+
+    Every rank runs the same pieces whatever it finds, so the student's forward (collective
+    under FSDP) runs on all ranks alike.
+    """
     statistics = non_finite(
         (f"{name} ({key})", value)
         for name, normalizer in module.normalizers.items()
         for key, value in normalizer.state_dict().items()
     )
-    if statistics:
-        return f"the normalizer statistics of teacher(s) {_listed(statistics)} are non-finite"
     weights = non_finite(module.trainable_parameters())
-    if weights:
-        return f"the weights {_listed(weights)} are non-finite (the learning rate is too high?)"
-    if batch is None:
-        return "the gradients are non-finite"
-    crop = as_float_images(batch)
-    outputs = module.run_teachers(crop)
-    teachers = non_finite(
-        (f"{name}.{part}", getattr(out, part))
-        for name, out in outputs.items()
-        for part in ("features", "summary")
-    )
+    teachers: list[str] = []
+    terms: list[str] = []
+    losses: dict[str, Tensor] = {}
+    if batch is not None:
+        crop = as_float_images(batch)
+        outputs = module.run_teachers(crop)
+        teachers = non_finite(
+            (f"{name}.{part}", getattr(out, part))
+            for name, out in outputs.items()
+            for part in ("features", "summary")
+        )
+        targets = {n: module.normalizers[n](out.features.float()) for n, out in outputs.items()}
+        losses = module.distillation_losses(module.match(crop, outputs, targets))
+        terms = non_finite(losses.items())
     if teachers:
         return (
             f"teacher output(s) {_listed(teachers)} are non-finite: that teacher's weights "
             "file is broken or its input overflows"
         )
-    targets = {
-        name: module.normalizers[name](out.features.float()) for name, out in outputs.items()
-    }
-    losses = module.distillation_losses(module.match(crop, outputs, targets))
-    terms = non_finite(losses.items())
+    if statistics:
+        return f"the normalizer statistics of teacher(s) {_listed(statistics)} are non-finite"
+    if weights:
+        return f"the weights {_listed(weights)} are non-finite (the learning rate is too high?)"
     if terms:
         return f"the loss term(s) {_listed(terms)} are non-finite ({_values(losses, terms)})"
     grads = non_finite((name, p.grad) for name, p in module.trainable_parameters())
-    return f"the loss is finite but the gradients of {_listed(grads)} are not (overflow?)"
+    if grads:
+        return f"the loss is finite but the gradients of {_listed(grads)} are not (overflow?)"
+    return "another rank's gradients are non-finite"
 
 
 def _listed(names: list[str], limit: int = 5) -> str:
