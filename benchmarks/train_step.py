@@ -238,6 +238,7 @@ class PlainLoop:
         from torch.optim.lr_scheduler import LambdaLR
 
         from radio_lit.losses import MSE, Cosine
+        from radio_lit.module import weight_decayed
 
         tpl = setup.template
         if type(tpl.feature_loss) is not MSE or type(tpl.summary_loss) is not Cosine:
@@ -256,8 +257,7 @@ class PlainLoop:
         decay, no_decay = [], []
         named = [*self.student.named_parameters(), *self.heads.named_parameters()]
         for name, p in named:
-            exempt = p.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
-            (no_decay if exempt else decay).append(p)
+            (decay if weight_decayed(name, p) else no_decay).append(p)
         self.optimizer = tpl.optimizer_factory(
             [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         )
@@ -279,6 +279,8 @@ class PlainLoop:
         import torch
         import torch.nn.functional as F
 
+        from radio_lit.students.spectral_reparam import request_power_iteration
+
         batch = next(self.batches)
         crop = batch.to(self.device, non_blocking=True).float().div_(255.0)
         with torch.no_grad():
@@ -287,6 +289,7 @@ class PlainLoop:
                 for n, t in self.teachers.items()
             }
             targets = {n: self.normalizers[n](o.features.float()) for n, o in outputs.items()}
+        request_power_iteration(self.student)  # σReparam: one power iteration per step
         student = self.student(self.view(crop, self.resolution, *self.student_stats))
         loss = 0.0
         for n, out in outputs.items():

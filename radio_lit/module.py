@@ -35,7 +35,7 @@ from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.partitions import Chunk, Partition, PartitionPlan
 from radio_lit.students import CPEViT, TeacherHeads, shard_student
-from radio_lit.students.spectral_reparam import SPECTRAL_SCALE
+from radio_lit.students.spectral_reparam import SPECTRAL_SCALE, request_power_iteration
 from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
@@ -45,8 +45,15 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 _TEACHERS_PREFIX = "teachers."
 _STUDENT_PREFIXES = ("student.", "heads.")
-# Decayed whatever their shape: σReparam scales, so that spectral norms stay small (PHI-S A.7).
-_ALWAYS_DECAYED = (SPECTRAL_SCALE,)
+
+
+def weight_decayed(name: str, param: Tensor) -> bool:
+    """Whether the optimizer decays parameter ``name``: matrices do; biases, norms, position
+    embeddings and tokens do not; σReparam scales always do, whatever their shape, so that
+    spectral norms stay small (PHI-S A.7)."""
+    if name.endswith(SPECTRAL_SCALE):
+        return True
+    return param.ndim >= 2 and not name.endswith(("pos_embed", "cls_token", "registers"))
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
@@ -360,10 +367,7 @@ class DistillationModule(pl.LightningModule):
         }
         for name, param in self.trainable_parameters():
             part = "trunk" if name.startswith("student.") else "heads"
-            exempt = not name.endswith(_ALWAYS_DECAYED) and (
-                param.ndim < 2 or name.endswith(("pos_embed", "cls_token", "registers"))
-            )
-            groups[f"{part}_{'no_decay' if exempt else 'decay'}"].append(param)
+            groups[f"{part}_{'decay' if weight_decayed(name, param) else 'no_decay'}"].append(param)
         return [
             {
                 "params": params,
@@ -590,6 +594,7 @@ class DistillationModule(pl.LightningModule):
         return step == 0 or step + 1 == trainer.max_steps or (every > 0 and (step + 1) % every == 0)
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        request_power_iteration(self.student)  # σReparam: one per step, not per forward
         return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:

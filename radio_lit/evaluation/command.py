@@ -9,8 +9,8 @@ A training checkpoint is evaluated with the model described by its run's ``confi
 ``radio-lit fit`` writes it). The measures are the evaluation callbacks that ``--config`` /
 ``--trainer.callbacks+`` arguments after the options give (callback presets, as for ``fit``:
 ``--config callbacks/evaluation.yaml``), else the run's own evaluation callbacks, else every
-measure with its defaults. An exported model (``--model_path``) is loaded with
-``radio_lit.load`` when this installation has it; its teachers (for zero-shot, mode switching
+measure with its defaults. An exported model (``--model_path``, what ``radio-lit export``
+writes) is loaded with ``radio_lit.load``; its teachers (for zero-shot, mode switching
 and the teacher PCA panels) then come from ``--run_config`` if given.
 """
 
@@ -183,13 +183,7 @@ def _checkpoint_view(cli: Any, ckpt_path: str, device: torch.device) -> tuple[Mo
 def _exported_view(options: Any, cli: Any, device: torch.device) -> tuple[ModelView, int, Any]:
     import radio_lit
 
-    load = getattr(radio_lit, "load", None)
-    if load is None:
-        raise SystemExit(
-            "radio-lit evaluate: this installation has no radio_lit.load, so it cannot read "
-            "exported models; evaluate the training checkpoint with --ckpt_path instead"
-        )
-    model = load(options.model_path).to(device).eval()
+    model = radio_lit.load(options.model_path).to(device).eval()
     teachers = dict(cli.model.teachers.items()) if cli is not None else {}
     for teacher in teachers.values():
         teacher.to(device)

@@ -4,7 +4,11 @@ Zhai et al. 2023, "Stabilizing Transformer Training by Preventing Attention Entr
 eq. 3: every linear weight is used as ``W_hat = (gamma / sigma(W)) * W``, where ``sigma(W)`` is
 the spectral norm of ``W``, estimated by one power iteration per training step (``u``, ``v``
 persist between steps; the gradient flows through ``sigma = u^T W v``), and ``gamma`` is a
-learned scale. AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
+learned scale. "Per step", not per forward: a step may run the student more than once (a rank
+running several teacher partitions), and the estimate must not depend on how a step's work is
+split across ranks. :func:`request_power_iteration` (called by the training step) makes each
+layer refine ``u``, ``v`` on its next training forward, where FSDP2 has gathered the weight.
+AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
 student for all training stages, and PHI-S A.7 puts weight decay on ``gamma`` "to encourage
 the spectral norm to be small" — hence :data:`SPECTRAL_SCALE`, the parameter-name suffix the
 optimizer must always decay.
@@ -62,6 +66,14 @@ def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return u, v, _sigma(mats, u, v)
 
 
+def request_power_iteration(module: nn.Module) -> None:
+    """Make every :class:`SpectralLinear` in ``module`` run one power iteration on its next
+    training forward: once per optimizer step, however many forwards the step makes."""
+    for layer in module.modules():
+        if isinstance(layer, SpectralLinear):
+            layer.power_iteration_due = True
+
+
 class SpectralLinear(nn.Linear):
     """``nn.Linear`` whose weight is used as ``gamma / sigma(W) * W`` (σReparam, per chunk).
 
@@ -69,9 +81,10 @@ class SpectralLinear(nn.Linear):
         in_features, out_features, bias: as ``nn.Linear``.
         chunks: row blocks of ``W`` reparametrized separately (3 for a fused qkv projection).
 
-    ``[..., in] -> [..., out]``. In training mode each forward first runs one power iteration
-    (no gradient) that refines ``spectral_u``/``spectral_v``; ``sigma = u^T W v`` is computed in
-    float32 whatever the weight dtype.
+    ``[..., in] -> [..., out]``. After :func:`request_power_iteration`, the next training-mode
+    forward first runs one power iteration (no gradient) that refines
+    ``spectral_u``/``spectral_v``; ``sigma = u^T W v`` is computed in float32 whatever the
+    weight dtype.
     """
 
     def __init__(
@@ -92,6 +105,7 @@ class SpectralLinear(nn.Linear):
             "spectral_u", torch.zeros(chunks, out_features // chunks, device=device)
         )
         self.register_buffer("spectral_v", torch.zeros(chunks, in_features, device=device))
+        self.power_iteration_due = False
         self.reset_spectral_state()
 
     @classmethod
@@ -127,14 +141,16 @@ class SpectralLinear(nn.Linear):
     def effective_weight(self) -> Tensor:
         """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk.
 
-        In training mode one power iteration (no gradient) first refines ``u`` and ``v``.
+        In training mode, when a power iteration is due (:func:`request_power_iteration`), one
+        power iteration (no gradient) first refines ``u`` and ``v``.
         """
         weight = self.weight
         mats = self._matrices(weight)
-        if self.training:
+        if self.training and self.power_iteration_due:
             u, v = _power_iteration(mats.detach(), self.spectral_u.float(), 1)
             self.spectral_u.copy_(u)
             self.spectral_v.copy_(v)
+            self.power_iteration_due = False
         u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
         factor = self.spectral_scale.float() / _sigma(mats, u, v)
         scaled = mats * factor[:, None, None]

@@ -94,10 +94,13 @@ def test_the_update_equals_one_rank_running_both_partitions(ranks: Result, tmp_p
         ]
         assert not unmoved, f"head parameters that SGD did not move: {unmoved}"
         for key, value in single.items():
+            # Float sums in another order (a rank's half batch, then DDP's average) differ in the
+            # last bits; a wrong partition weight would be off by a fraction of the whole update.
+            update = (value - initial[key]).abs().max().item()
             torch.testing.assert_close(
                 ranks[0]["weights"][step][key],
                 value,
-                rtol=1e-5,
-                atol=1e-6,
+                rtol=0.0,
+                atol=max(1e-3 * update, 1e-6),
                 msg=lambda m, k=key, s=step: f"2 ranks vs 1 after {s} steps, {k}: {m}",
             )

@@ -165,5 +165,7 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
             outputs = radio_lit.load(path)(images)
         torch.testing.assert_close(outputs["sam"].features, own["sam"][1], rtol=1e-4, atol=1e-4)
     checkpoint.rename(tmp_path / "elsewhere.ckpt")
-    with pytest.raises(FileNotFoundError, match="--config"):
+    with pytest.raises(SystemExit) as stopped:
         main(["export", str(tmp_path / "elsewhere.ckpt")])
+    assert stopped.value.code == 2
+    assert "--config" in capsys.readouterr().err

@@ -20,11 +20,14 @@ def test_spectral_reparam_scales_get_weight_decay(tmp_path):
     module = tiny_module()
     cpu_trainer(tmp_path, max_steps=1).fit(module, image_batches())
     groups = {g["name"]: g for g in module.trainer.optimizers[0].param_groups}
-    decayed = {id(p) for p in groups["decay"]["params"]}
-    exempt = {id(p) for p in groups["no_decay"]["params"]}
+    decayed = {id(p) for p in groups["trunk_decay"]["params"]}
+    exempt = {
+        id(p) for name in ("trunk_no_decay", "heads_no_decay") for p in groups[name]["params"]
+    }
     scales = [m.spectral_scale for m in module.student.modules() if isinstance(m, SpectralLinear)]
     assert len(scales) == 8 and all(id(s) in decayed for s in scales)
-    assert groups["decay"]["weight_decay"] == 0.02 and groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["trunk_decay"]["weight_decay"] == 0.02
+    assert groups["trunk_no_decay"]["weight_decay"] == 0.0
     for name, param in module.trainable_parameters():
         if name.endswith(("bias", "pos_embed", "cls_token")) or ".norm" in name:
             assert id(param) in exempt, name

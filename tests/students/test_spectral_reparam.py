@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from radio_lit.students import SpectralLinear, fold_spectral_reparam
+from radio_lit.students.spectral_reparam import request_power_iteration
 from tests.builders import tiny_student
 
 
@@ -22,11 +23,32 @@ def test_each_chunks_spectral_norm_is_its_learned_scale():
     layer = SpectralLinear(5, 12, chunks=3).train()
     with torch.no_grad():
         layer.spectral_scale.copy_(torch.tensor([0.5, 2.0, 3.0]))
-    for _ in range(50):  # one power iteration per training forward
+    for _ in range(50):  # one power iteration per training step
+        request_power_iteration(layer)
         layer(torch.randn(1, 5))
     chunks = layer.eval().effective_weight().detach().reshape(3, 4, 5)
     norms = torch.linalg.matrix_norm(chunks, ord=2)
     torch.testing.assert_close(norms, torch.tensor([0.5, 2.0, 3.0]), rtol=1e-4, atol=0)
+
+
+def test_one_power_iteration_per_step_however_many_forwards():
+    """A step that runs the student twice (a rank running two partitions) refines sigma once,
+    as each of two ranks running one partition would."""
+    torch.manual_seed(0)
+    once, twice = SpectralLinear(5, 8).train(), SpectralLinear(5, 8).train()
+    with torch.no_grad():
+        for layer in (once, twice):
+            layer.weight.mul_(torch.linspace(0.5, 2.0, 5))  # u, v no longer converged
+    twice.load_state_dict(once.state_dict())
+    x = torch.randn(3, 5)
+    request_power_iteration(once)
+    once(x)
+    request_power_iteration(twice)
+    twice(x[:1]), twice(x[1:])
+    torch.testing.assert_close(twice.spectral_u, once.spectral_u, rtol=0, atol=0)
+    before = once.spectral_u.clone()
+    once(x)  # no request: no refinement
+    torch.testing.assert_close(once.spectral_u, before, rtol=0, atol=0)
 
 
 def test_gradients_reach_the_scale_and_the_weight():
