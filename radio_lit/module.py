@@ -14,6 +14,7 @@ update the metrics (:mod:`radio_lit.metrics`), logged at the end of the epoch.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +43,8 @@ NormalizerFactory = Callable[[int], Normalizer]
 
 # Teachers are frozen and in eval mode by design (radio_lit.teachers.Teacher.train).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+
+log = logging.getLogger(__name__)
 
 _TEACHERS_PREFIX = "teachers."
 _STUDENT_PREFIXES = ("student.", "heads.")
@@ -304,13 +307,19 @@ class DistillationModule(pl.LightningModule):
         if not weights:
             raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
         own = {k for k in self.state_dict() if k.startswith(_STUDENT_PREFIXES)}
-        missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
+        # A teacher new in this stage (AM-RADIO 4: SAM joins in stage 2) has no heads in the
+        # earlier stage's checkpoint: its heads start fresh.
+        new = [n for n in self.heads if not any(k.startswith(f"heads.{n}.") for k in weights)]
+        fresh = {k for k in own if k.startswith(tuple(f"heads.{n}." for n in new))}
+        missing, unexpected = sorted(own - set(weights) - fresh), sorted(set(weights) - own)
         if missing or unexpected:
             raise ValueError(
                 f"{path} does not match this student/heads: missing {missing[:5]}, "
                 f"unexpected {unexpected[:5]}; the student architecture and teacher names "
-                "must be the same as in the earlier stage"
+                "must be the same as in the earlier stage (teachers may only be added)"
             )
+        if new:
+            log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
         self.load_state_dict(weights, strict=False)
 
     # -- distributed --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from radio_lit.losses import MSE
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, Standardize
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
+from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher
 
 
 def test_heads_follow_am_radio_3_2():
@@ -182,6 +183,27 @@ def test_init_from_takes_student_and_heads_only(tmp_path):
     for key, value in stage1.heads.state_dict().items():
         assert torch.equal(stage2.heads.state_dict()[key], value)
     assert stage2.normalizers["clip"].count.item() == 0  # fresh statistics
+
+
+def test_init_from_lets_a_teacher_join_in_a_later_stage(tmp_path):
+    """AM-RADIO 4: stage 1 distills CLIP + DINOv2, stage 2 adds SAM; SAM's heads start fresh."""
+    stage1 = tiny_module(teachers={"clip": tiny_clip_teacher(), "dino": tiny_dinov2_teacher()})
+    path = tmp_path / "stage1.ckpt"
+    torch.save({"state_dict": stage1.state_dict()}, path)
+
+    torch.manual_seed(1)
+    stage2 = tiny_module(init_from=str(path))
+    for key, value in stage1.student.state_dict().items():
+        assert torch.equal(stage2.student.state_dict()[key], value)
+    for key, value in stage1.heads.state_dict().items():
+        assert torch.equal(stage2.heads.state_dict()[key], value)
+    torch.manual_seed(1)
+    assert torch.equal(
+        stage2.heads["sam"].features.out.weight, tiny_module().heads["sam"].features.out.weight
+    )
+    with pytest.raises(ValueError, match="teachers may only be added"):
+        torch.save({"state_dict": stage2.state_dict()}, path)
+        tiny_module(teachers={"clip": tiny_clip_teacher()}, init_from=str(path))
 
 
 def test_init_from_a_different_architecture_is_a_clear_error(tmp_path):
