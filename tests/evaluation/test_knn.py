@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import radio_lit
 from radio_lit.evaluation import KNNClassification, knn_votes
+from tests.distributed.gloo import run_gloo_workers
 from tests.evaluation.synthetic import dataset_root, mean_color_view, overlapping_root
 
 WORKER = Path(__file__).with_name("knn_worker.py")
@@ -63,22 +60,6 @@ def test_two_gloo_ranks_give_the_accuracy_of_one_process(tmp_path):
     expected = single.evaluate(mean_color_view()).scalars["eval/knn/backbone/top1"]
     assert 40.0 < expected < 100.0  # the classes overlap: the test can tell shards apart
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = str(Path(radio_lit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    outputs = [tmp_path / f"rank{rank}.pt" for rank in range(2)]
-    args = [str(tmp_path / "init"), str(train), str(evaluation)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", *args, str(out)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, out in enumerate(outputs)
-    ]
-    for worker in workers:
-        _, stderr = worker.communicate(timeout=120)
-        assert worker.returncode == 0, stderr
-    for out in outputs:
-        assert torch.load(out)["eval/knn/backbone/top1"] == pytest.approx(expected, abs=1e-4)
+    results = run_gloo_workers(WORKER, tmp_path, str(train), str(evaluation))
+    for result in results:
+        assert result["eval/knn/backbone/top1"] == pytest.approx(expected, abs=1e-4)

@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import torch
 
 from radio_lit.data.views import normalize_view
-from tests.teachers.tiny import TINY_CLIP_CFG, TINY_DINOV2_TIMM_KWARGS, TINY_SAM_ENCODER
+from tests.teachers.tiny import tiny_teacher_configs
 
 #: The tiny module's student and teachers as a run's config.yaml records them.
 STUDENT = {
@@ -20,24 +20,7 @@ STUDENT = {
         "cpe_align_corners": False,
     },
 }
-TEACHERS = {
-    "clip": {
-        "class_path": "radio_lit.teachers.OpenCLIPTeacher",
-        "init_args": {"model_name": "radio-lit-tiny-clip", "model_cfg": TINY_CLIP_CFG},
-    },
-    "dino": {
-        "class_path": "radio_lit.teachers.DINOv2Teacher",
-        "init_args": {
-            "model": "vit_small_patch14_reg4_dinov2",
-            "pretrained": False,
-            "model_kwargs": TINY_DINOV2_TIMM_KWARGS,
-        },
-    },
-    "sam": {
-        "class_path": "radio_lit.teachers.SAMTeacher",
-        "init_args": {"encoder_kwargs": TINY_SAM_ENCODER, "resolution": 64},
-    },
-}
+TEACHERS = tiny_teacher_configs(sam_resolution=64)
 
 
 def own_outputs(module: pl.LightningModule, images: torch.Tensor) -> dict[str, tuple]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,11 +12,11 @@ import torch
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.module import TeacherMatch
 from radio_lit.normalizers import Identity, Normalizer, Standardize
+from tests.distributed.gloo import run_gloo_workers
 
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-REPO = Path(__file__).resolve().parents[2]
 TEACHERS = {
     "a": SimpleNamespace(feature_dim=6, summary_dim=4),
     "b": SimpleNamespace(feature_dim=3, summary_dim=None),
@@ -64,33 +61,7 @@ def test_metrics_agree_between_one_and_two_processes(tmp_path):
     data = {"normalizer": a.state_dict(), "batches": batches, "losses": losses}
     torch.save(data, source)
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    outputs = [tmp_path / f"rank{rank}.pt" for rank in range(2)]
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                str(rank),
-                "2",
-                str(tmp_path / "init"),
-                str(source),
-                str(out),
-            ],
-            env=env,
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, out in enumerate(outputs)
-    ]
-    for worker in workers:
-        _, stderr = worker.communicate(timeout=120)
-        assert worker.returncode == 0, stderr
-    results = [torch.load(out) for out in outputs]
+    results = run_gloo_workers(WORKER, tmp_path, str(source))
 
     single = DistillationMetrics(TEACHERS)
     for batch in [*batches[0], *batches[1]]:

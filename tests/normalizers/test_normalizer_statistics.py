@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,9 +9,9 @@ import pytest
 import torch
 from torch import Tensor
 
-import radio_lit
 import radio_lit.normalizers.base as base
 from radio_lit.normalizers import PhiS, Standardize
+from tests.distributed.gloo import run_gloo_workers
 
 F64 = torch.float64
 Features = Callable[..., Tensor]
@@ -72,24 +69,7 @@ def test_empty_batch_is_a_no_op(features: Features) -> None:
 def test_all_reduce_over_two_ranks_equals_one_process(tmp_path: Path) -> None:
     """Two gloo ranks with different-sized shards end with identical statistics, equal to
     a single process updated on the union of both shards."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = str(Path(radio_lit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    outputs = [tmp_path / f"rank{rank}.pt" for rank in range(2)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(tmp_path / "init"), str(out)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, out in enumerate(outputs)
-    ]
-    for worker in workers:
-        _, stderr = worker.communicate(timeout=120)
-        assert worker.returncode == 0, stderr
-
-    results = [torch.load(out) for out in outputs]
+    results = run_gloo_workers(WORKER, tmp_path)
     union = torch.cat([result["data"] for result in results])
     for name, kind in (("PhiS", PhiS), ("Standardize", Standardize)):
         rank0, rank1 = (result["states"][name] for result in results)

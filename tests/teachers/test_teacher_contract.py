@@ -9,7 +9,7 @@ from jsonargparse import ArgumentParser
 from torch import Tensor, nn
 
 from radio_lit.teachers import DINOv2Teacher, OpenCLIPTeacher, SAMTeacher, Teacher
-from tests.teachers.tiny import TINY_CLIP_CFG, TINY_DINOV2_TIMM_KWARGS, TINY_SAM_ENCODER
+from tests.teachers.tiny import tiny_teacher_configs
 
 
 def test_output_shapes(tiny_teacher: Teacher, crop: Tensor) -> None:
@@ -36,26 +36,7 @@ def test_frozen_inside_a_training_parent(tiny_teacher: Teacher) -> None:
 
 
 def test_tiny_teachers_build_from_yaml_through_jsonargparse() -> None:
-    teachers_yaml = yaml.safe_dump(
-        {
-            "clip": {
-                "class_path": "radio_lit.teachers.OpenCLIPTeacher",
-                "init_args": {"model_name": "radio-lit-tiny-clip", "model_cfg": TINY_CLIP_CFG},
-            },
-            "dino": {
-                "class_path": "radio_lit.teachers.DINOv2Teacher",
-                "init_args": {
-                    "model": "vit_small_patch14_reg4_dinov2",
-                    "pretrained": False,
-                    "model_kwargs": TINY_DINOV2_TIMM_KWARGS,
-                },
-            },
-            "sam": {
-                "class_path": "radio_lit.teachers.SAMTeacher",
-                "init_args": {"resolution": 96, "encoder_kwargs": TINY_SAM_ENCODER},
-            },
-        }
-    )
+    teachers_yaml = yaml.safe_dump(tiny_teacher_configs(sam_resolution=96))
     parser = ArgumentParser()
     parser.add_argument("--teachers", type=dict[str, Teacher])
     cfg = parser.parse_string(f"teachers:\n{textwrap.indent(teachers_yaml, '  ')}")

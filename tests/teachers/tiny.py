@@ -100,3 +100,26 @@ def tiny_hf_dinov2_teacher(**overrides: Any) -> DINOv2Teacher:
 def tiny_sam_teacher(resolution: int | None = 96, **overrides: Any) -> SAMTeacher:
     """Tiny SAM teacher; the default 96 px view is padded to the encoder's 128 px."""
     return SAMTeacher(encoder_kwargs=TINY_SAM_ENCODER, resolution=resolution, **overrides)
+
+
+def tiny_teacher_configs(sam_resolution: int = 96) -> dict[str, dict[str, Any]]:
+    """The tiny CLIP, DINOv2 and SAM teachers as a config file spells them (``class_path`` /
+    ``init_args``), keyed ``clip``, ``dino``, ``sam``."""
+    return {
+        "clip": {
+            "class_path": "radio_lit.teachers.OpenCLIPTeacher",
+            "init_args": {"model_name": "radio-lit-tiny-clip", "model_cfg": TINY_CLIP_CFG},
+        },
+        "dino": {
+            "class_path": "radio_lit.teachers.DINOv2Teacher",
+            "init_args": {
+                "model": "vit_small_patch14_reg4_dinov2",
+                "pretrained": False,
+                "model_kwargs": TINY_DINOV2_TIMM_KWARGS,
+            },
+        },
+        "sam": {
+            "class_path": "radio_lit.teachers.SAMTeacher",
+            "init_args": {"encoder_kwargs": TINY_SAM_ENCODER, "resolution": sam_resolution},
+        },
+    }
