@@ -123,10 +123,15 @@ class RadioLitCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except RadioLitError as error:
-            orphan = run_dir is not None and not existed and run_dir.is_dir()
-            if orphan and error.exit_code == ConfigError.exit_code:
-                if self.trainer.is_global_zero and not any(run_dir.rglob("*.ckpt")):
-                    shutil.rmtree(run_dir, ignore_errors=True)
+            orphan = (
+                run_dir is not None
+                and not existed
+                and run_dir.is_dir()
+                and error.exit_code == ConfigError.exit_code
+                and self.trainer.is_global_zero
+            )
+            if orphan and not any(run_dir.rglob("*.ckpt")):
+                shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
     def _require_val_dir(self, command: str) -> None:
@@ -160,7 +165,7 @@ def _parsers(parser: ArgumentParser) -> Iterator[ArgumentParser]:
     """``parser`` and its subcommands' parsers."""
     yield parser
     action = getattr(parser, "_subcommands_action", None)
-    for sub in (action.choices.values() if action is not None else ()):
+    for sub in action.choices.values() if action is not None else ():
         yield from _parsers(sub)
 
 

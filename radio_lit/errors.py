@@ -60,6 +60,10 @@ def config_error(error: BaseException, config: Mapping[str, Any] | None) -> Conf
     return ConfigError(message)
 
 
+#: jsonargparse's lines about the value types that were not meant.
+_NOT_REASONS = ("- Expected a path but", "- Expected a <class 'NoneType'>")
+
+
 def short_message(error: BaseException) -> str:
     """``error``'s message without jsonargparse's union-type preamble.
 
@@ -75,8 +79,7 @@ def short_message(error: BaseException) -> str:
         reasons = [
             line.strip().removeprefix("- ")
             for line in message[keyed.end() :].splitlines()
-            if line.strip().startswith("- ")
-            and not line.strip().startswith(("- Expected a path but", "- Expected a <class 'NoneType'>"))
+            if line.strip().startswith("- ") and not line.strip().startswith(_NOT_REASONS)
         ]
         if reasons:
             return f"{keyed.group(1)}: " + "; ".join(reasons)

@@ -24,7 +24,7 @@ _OFFLINE_VALUES = ("1", "on", "yes", "true")
 
 
 def hub_offline() -> bool:
-    """Whether the user set the Hub's offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    """Whether the user set the Hub offline (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return value.strip().lower() in _OFFLINE_VALUES
 
@@ -103,11 +103,7 @@ def unreachable_download(error: BaseException, endpoint: str, switched: bool) ->
         return None
     repo, filename = _download_arguments(chain)
     what = f"{repo}/{filename}" if filename else repo or "a pretrained weight file"
-    why = (
-        f"{endpoint} cannot be reached from this machine"
-        if switched
-        else "HF_HUB_OFFLINE is set"
-    )
+    why = f"{endpoint} cannot be reached from this machine" if switched else "HF_HUB_OFFLINE is set"
     return (
         f"cannot download {what}: {why} and it is not in the Hugging Face cache; download it "
         "where the Hub is reachable (same HF_HOME, then copy the cache here) or give the "
