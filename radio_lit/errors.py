@@ -9,6 +9,7 @@ training fault (a non-finite loss or gradient) is printed the same way, exit cod
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib
 import os
@@ -19,7 +20,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 #: Environment variable that makes ``radio-lit`` print full tracebacks.
 TRACEBACK_ENV = "RADIO_LIT_TRACEBACK"
@@ -145,7 +146,7 @@ def with_suggestions(message: str, options: Iterable[str] = ()) -> str:
     - ``module 'radio_lit.normalizers' has no attribute 'PHIS'`` -> the closest public name
       of that module (``PhiS``).
     """
-    unknown = re.match(r"Unrecognized arguments: (--[\w.\-]+)", message)
+    unknown = re.match(r"(?:Unrecognized|unrecognized) arguments: (--[\w.\-]+)", message)
     if unknown is not None:
         given = unknown.group(1)
         known = [o for o in options if o.startswith("--") and not o.endswith(".help")]
@@ -217,3 +218,17 @@ def report(error: BaseException, exit_code: int) -> int:
         hint = f"(set {TRACEBACK_ENV}=1 for the traceback)"
         sys.stderr.write(f"radio-lit: error: {error}\n{hint}\n")
     return exit_code
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse`` parser of a ``radio-lit`` subcommand: a bad argument raises
+    :class:`ConfigError` (printed by ``radio-lit`` as one line, exit code 2) and long options
+    are never abbreviated."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        known = [o for a in self._actions for o in a.option_strings]
+        raise ConfigError(f"{self.prog}: {with_suggestions(message, known)}")
