@@ -9,14 +9,17 @@ mistake in a shortened config. Each such problem is one warning naming the value
 
 from __future__ import annotations
 
+import logging
 import math
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 
 from radio_lit.callbacks.freeze import FreezeBody
 from radio_lit.callbacks.statistics import TeacherStatsEstimation
+
+logger = logging.getLogger(__name__)
 
 
 def schedule_problems(trainer: pl.Trainer, warmup_steps: int = 0) -> list[str]:
@@ -74,9 +77,9 @@ def _first_validation_step(trainer: pl.Trainer) -> int | None:
 
 
 class ScheduleCheck(Callback):
-    """Warn once, when training starts, about each item of :func:`schedule_problems`."""
+    """Log one warning (rank 0), when training starts, for each of :func:`schedule_problems`."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         warmup = int(getattr(pl_module, "warmup_steps", 0) or 0)
         for problem in schedule_problems(trainer, warmup):
-            rank_zero_warn(problem)
+            rank_zero_only(logger.warning)("warning: %s", problem)

@@ -3,7 +3,7 @@ output is not a terminal, and (through the real command) where its checkpoint is
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.callbacks.progress import LineProgress
@@ -11,7 +11,7 @@ from radio_lit.callbacks.schedule import ScheduleCheck
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 
-def test_a_short_run_is_warned_and_reports_its_progress(tmp_path, capsys):
+def test_a_short_run_is_warned_and_reports_its_progress(tmp_path, capsys, caplog):
     """Two steps of 2-batch epochs, against 3 estimation steps, 5 frozen steps, a 10-step
     warm-up and validation every 5 epochs (step 10): four warnings, then progress lines."""
     trainer = cpu_trainer(
@@ -26,10 +26,9 @@ def test_a_short_run_is_warned_and_reports_its_progress(tmp_path, capsys):
             LineProgress(interval_s=1e-6),
         ],
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger="radio_lit.callbacks.schedule"):
         trainer.fit(tiny_module(warmup_steps=10), image_batches(8, 4), image_batches(4, 4))
-    said = [str(w.message) for w in caught if "trainer.max_steps=2" in str(w.message)]
+    said = [r.getMessage() for r in caplog.records if "trainer.max_steps=2" in r.getMessage()]
     assert len(said) == 4, said
     assert any("statistics estimation does (TeacherStatsEstimation.steps=3)" in s for s in said)
     assert any("frozen trunk does (FreezeBody.steps=5)" in s for s in said)
@@ -40,11 +39,10 @@ def test_a_short_run_is_warned_and_reports_its_progress(tmp_path, capsys):
     assert "it/s" in lines[0] and "left" in lines[0]
 
 
-def test_a_schedule_that_fits_is_not_warned(tmp_path):
+def test_a_schedule_that_fits_is_not_warned(tmp_path, caplog):
     trainer = cpu_trainer(
         tmp_path, max_steps=4, callbacks=[TeacherStatsEstimation(steps=2), ScheduleCheck()]
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger="radio_lit.callbacks.schedule"):
         trainer.fit(tiny_module(warmup_steps=1), image_batches(8, 4), image_batches(4, 4))
-    assert not [w for w in caught if "max_steps" in str(w.message)]
+    assert not [r for r in caplog.records if "max_steps" in r.getMessage()]
