@@ -4,6 +4,8 @@
 configuration; ``--model.normalizer radio_lit.normalizers.PhiS`` swaps every teacher's
 normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all given as
 ``class_path`` / ``init_args`` and validated against their typed constructors.
+``radio-lit predict``, ``evaluate``, ``export`` and ``ablate`` are commands of their own
+(:data:`SUBCOMMANDS`). Every user error prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
 
 
 class RadioLitCLI(LightningCLI):
-    """LightningCLI with fit / validate / test / predict for one distillation stage."""
+    """LightningCLI with fit / validate / test (and ``Trainer.predict``) for one distillation
+    stage."""
 
     def __init__(self, **kwargs: object) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -174,8 +177,10 @@ def _has_progress_bar(callbacks: Any) -> bool:
     return any(isinstance(c, ProgressBar) for c in items)
 
 
-#: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test / predict:
-#: name -> ``"module:function"``; the function takes the arguments after the name.
+#: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test: name ->
+#: ``"module:function"``; the function takes the arguments after the name. ``predict`` is
+#: radio-lit's own (:mod:`radio_lit.predict`: an export or checkpoint, no teachers), not
+#: LightningCLI's (``RadioLitCLI(args=["predict", …])`` still runs ``Trainer.predict``).
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
     "evaluate": "radio_lit.evaluation.command:evaluate",
@@ -204,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 getattr(importlib.import_module(module), function)(args[1:])
             except _SUBCOMMAND_USER_ERRORS as error:
-                raise ConfigError(short_message(error)) from error
+                raise ConfigError(with_suggestions(short_message(error))) from error
             return
         try:
             RadioLitCLI(args=args if argv is not None else None)
