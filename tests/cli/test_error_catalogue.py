@@ -203,16 +203,13 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
 @pytest.fixture
 def scratch(tmp_path, monkeypatch) -> Path:
     """A scratch folder as the working directory; the Hub at an address that refuses
-    connections, and the Hub's offline mode restored afterwards."""
-    from huggingface_hub import constants
-
+    connections, not set offline (tests/conftest.py restores the offline mode after)."""
     (tmp_path / "empty").mkdir()
     (tmp_path / "corrupt.ckpt").write_bytes(os.urandom(2048))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(TRACEBACK_ENV, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)
     return tmp_path
 
 
