@@ -29,6 +29,7 @@ import radio_lit
 from radio_lit.ablation.final_validation import write_json
 from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
+from radio_lit.errors import CommandParser
 
 __all__ = ["main", "run_ablation"]
 
@@ -43,14 +44,13 @@ def _clock(seconds: float) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     rows_dir = default_rows_dir()
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="radio-lit ablate",
         description=(
             "Train the PHI-S ablation rows (tables 1 and 12) one after the other and write the "
             "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks). Any "
             "other --section.key value option is passed to every row's radio-lit fit."
         ),
-        allow_abbrev=False,
     )
     parser.add_argument(
         "--rows",

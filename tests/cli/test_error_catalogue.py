@@ -192,6 +192,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ],
         ["--ckpt_path", "cannot be read as a checkpoint"],
     ),
+    "ablate with a missing base config": (
+        ["ablate", "--base", "{tmp}/nope.yaml"],
+        ["radio-lit ablate", "--base", "no such config file"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],
