@@ -4,31 +4,56 @@
 configuration; ``--model.normalizer radio_lit.normalizers.PhiS`` swaps every teacher's
 normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all given as
 ``class_path`` / ``init_args`` and validated against their typed constructors.
+``radio-lit predict``, ``evaluate``, ``export`` and ``ablate`` are commands of their own
+(:data:`SUBCOMMANDS`). Every user error prints one line and exits with status 2.
 """
 
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
-from jsonargparse import ArgumentError
-from lightning.pytorch import LightningDataModule
-from lightning.pytorch.cli import LightningCLI
+from jsonargparse import ArgumentError, ArgumentParser
+from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from radio_lit.errors import ConfigError, RadioLitError, config_error, report, short_message
+from radio_lit.callbacks.progress import LineProgress
+from radio_lit.callbacks.schedule import ScheduleCheck
+from radio_lit.errors import (
+    ConfigError,
+    RadioLitError,
+    checkpoint_file,
+    config_error,
+    report,
+    short_message,
+    with_suggestions,
+)
+from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
+
+#: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
+_LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
 
 
 class RadioLitCLI(LightningCLI):
-    """LightningCLI with fit / validate / test / predict for one distillation stage."""
+    """LightningCLI with fit / validate / test (and ``Trainer.predict``) for one distillation
+    stage."""
 
     def __init__(self, **kwargs: object) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 0)
-        # Bad arguments raise (radio_lit.cli.main prints them) instead of printing the usage.
-        kwargs.setdefault("parser_kwargs", {"exit_on_error": False})
+        # Bad arguments raise (radio_lit.cli.main prints them) instead of printing the usage;
+        # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
+        strict = {"exit_on_error": False, "allow_abbrev": False}
+        kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in self.subcommands()}})
+        # Whether the Hub answers is found out while the arguments are parsed.
+        self.hub = HubProbe().start()
         super().__init__(
             DistillationModule,
             LightningDataModule,
@@ -36,9 +61,32 @@ class RadioLitCLI(LightningCLI):
             **kwargs,  # type: ignore[arg-type]
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse; an unknown option or class name gets the closest known one suggested."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
+            raise ConfigError(with_suggestions(short_message(error), options)) from error
+
+    def _parse_ckpt_path(self) -> None:
+        """Refuse a missing or unreadable ``--ckpt_path`` before anything is built."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path and path not in _LIGHTNING_CKPT_NAMES and not str(path).startswith("registry"):
+            checkpoint_file(path, "--ckpt_path")
+        try:
+            super()._parse_ckpt_path()
+        except Exception as error:  # torch.load of a damaged archive
+            raise ConfigError(
+                f"--ckpt_path: {path} cannot be read as a checkpoint "
+                f"({str(error).splitlines()[0]}); give a .ckpt written by radio-lit fit"
+            ) from error
+
     def instantiate_classes(self) -> None:
         """Build the configured classes; a constructor's error becomes a :class:`ConfigError`
         prefixed with the config key of the class that raised it."""
+        self.hub.settle()
         try:
             super().instantiate_classes()
         except Exception as error:  # any constructor error is a configuration problem
@@ -47,15 +95,97 @@ class RadioLitCLI(LightningCLI):
                 if self.subcommand
                 else self.config
             )
-            raise config_error(error, section.clone().as_dict()) from error
+            wrapped = config_error(error, section.clone().as_dict())
+            download = unreachable_download(error, self.hub.endpoint, self.hub.switched_offline)
+            if download is not None:
+                key = str(wrapped).split(": ", 1)[0] if ": " in str(wrapped) else None
+                wrapped = ConfigError(f"{key}: {download}" if key else download)
+            raise wrapped from error
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, with :class:`ScheduleCheck` for ``fit``, and :class:`LineProgress` in
+        place of the TQDM bar when standard output is not a terminal."""
+        added: list[Any] = []
+        if self.subcommand == "fit":
+            added.append(ScheduleCheck())
+        config = self._get(self.config_init, "trainer", default={}) or {}
+        given = config.get("callbacks") or []
+        wants_bar = config.get("enable_progress_bar", True) is not False
+        if wants_bar and not sys.stdout.isatty() and not _has_progress_bar(given):
+            added.append(LineProgress())
+        defaults = self.trainer_defaults.get("callbacks") or []
+        defaults = list(defaults) if isinstance(defaults, list) else [defaults]
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults + added}
+        return super().instantiate_trainer(**kwargs)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``subcommand``; a user error stopping it removes the run folder it created
+        (when no checkpoint was written there), so that no empty ``version_N`` is left."""
+        run_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
+        existed = run_dir is not None and run_dir.exists()
+        try:
+            super()._run_subcommand(subcommand)
+        except RadioLitError as error:
+            orphan = (
+                run_dir is not None
+                and not existed
+                and run_dir.is_dir()
+                and error.exit_code == ConfigError.exit_code
+                and self.trainer.is_global_zero
+            )
+            if orphan and not any(run_dir.rglob("*.ckpt")):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    def _require_val_dir(self, command: str) -> None:
+        if getattr(self.datamodule, "val_dir", "") is None:
+            raise ConfigError(
+                f"data.init_args.val_dir: radio-lit {command} reads the held-out images of "
+                "val_dir, which is not set; give --data.init_args.val_dir FOLDER"
+            )
+
+    def before_validate(self) -> None:
+        self._require_val_dir("validate")
+
+    def before_test(self) -> None:
+        self._require_val_dir("test")
+
+    def after_fit(self) -> None:
+        """Say where the run and its last checkpoint are."""
+        trainer = self.trainer
+        if not trainer.is_global_zero or trainer.interrupted:
+            return
+        lines = [f"run folder: {trainer.log_dir}"]
+        callback = trainer.checkpoint_callback
+        if callback is not None:
+            path = getattr(callback, "last_model_path", "") or callback.best_model_path
+            if path:
+                lines.append(f"checkpoint: {path}")
+        print("\n".join(lines), flush=True)
 
 
-#: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test / predict:
-#: name -> ``"module:function"``; the function takes the arguments after the name.
+def _parsers(parser: ArgumentParser) -> Iterator[ArgumentParser]:
+    """``parser`` and its subcommands' parsers."""
+    yield parser
+    action = getattr(parser, "_subcommands_action", None)
+    for sub in action.choices.values() if action is not None else ():
+        yield from _parsers(sub)
+
+
+def _has_progress_bar(callbacks: Any) -> bool:
+    items = callbacks if isinstance(callbacks, list) else [callbacks]
+    return any(isinstance(c, ProgressBar) for c in items)
+
+
+#: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test: name ->
+#: ``"module:function"``; the function takes the arguments after the name. ``predict`` is
+#: radio-lit's own (:mod:`radio_lit.predict`: an export or checkpoint, no teachers), not
+#: LightningCLI's (``RadioLitCLI(args=["predict", …])`` still runs ``Trainer.predict``).
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
     "evaluate": "radio_lit.evaluation.command:evaluate",
     "export": "radio_lit.export.cli:main",
+    "predict": "radio_lit.predict:main",
 }
 
 
@@ -79,11 +209,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 getattr(importlib.import_module(module), function)(args[1:])
             except _SUBCOMMAND_USER_ERRORS as error:
-                raise ConfigError(short_message(error)) from error
+                raise ConfigError(with_suggestions(short_message(error))) from error
             return
         try:
             RadioLitCLI(args=args if argv is not None else None)
-        except ArgumentError as error:
+        except ArgumentError as error:  # raised outside parse_arguments (e.g. --print_config)
             raise ConfigError(short_message(error)) from error
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))

@@ -9,12 +9,18 @@ training fault (a non-finite loss or gradient) is printed the same way, exit cod
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
 import os
+import re
 import sys
 import traceback
-from collections.abc import Iterator, Mapping
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 #: Environment variable that makes ``radio-lit`` print full tracebacks.
 TRACEBACK_ENV = "RADIO_LIT_TRACEBACK"
@@ -55,14 +61,29 @@ def config_error(error: BaseException, config: Mapping[str, Any] | None) -> Conf
     return ConfigError(message)
 
 
+#: jsonargparse's lines about the value types that were not meant.
+_NOT_REASONS = ("- Expected a path but", "- Expected a <class 'NoneType'>")
+
+
 def short_message(error: BaseException) -> str:
     """``error``'s message without jsonargparse's union-type preamble.
 
     jsonargparse reports a failed ``class_path`` value as "Does not validate against any of
     the Union subtypes", one line per subtype, then the given value; only the real reasons
-    (not "Expected a <class 'NoneType'>") are kept.
+    (not "Expected a <class 'NoneType'>") are kept. A value that is neither a path nor a
+    class reads ``Parser key "k": - Expected a path ... - Type ... : reason``; it becomes
+    ``k: reason``.
     """
     message = str(error) or type(error).__name__
+    keyed = re.match(r'Parser key "([\w.]+)":\s*\n', message)
+    if keyed is not None:
+        reasons = [
+            line.strip().removeprefix("- ")
+            for line in message[keyed.end() :].splitlines()
+            if line.strip().startswith("- ") and not line.strip().startswith(_NOT_REASONS)
+        ]
+        if reasons:
+            return f"{keyed.group(1)}: " + "; ".join(reasons)
     if not message.startswith("Does not validate against any of the Union subtypes"):
         return message
     _, _, listed = message.partition("\nErrors:\n")
@@ -74,6 +95,78 @@ def short_message(error: BaseException) -> str:
         if reason and not reason.startswith("Expected a <class 'NoneType'>"):
             reasons.append(reason)
     return "\n".join(reasons) or message
+
+
+def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` checked as a readable training checkpoint, else a :class:`ConfigError`.
+
+    A missing file, a folder, or a file that is not a ``torch.save`` archive (truncated,
+    random bytes) is refused before anything is built, with the option that gave it.
+
+    Args:
+        path: the checkpoint file.
+        option: the command-line option or config key that named it, e.g. ``"--ckpt_path"``.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(
+            f"{option}: checkpoint {file} does not exist; give a .ckpt written by radio-lit fit "
+            "(e.g. lightning_logs/<run>/version_0/checkpoints/last.ckpt)"
+        )
+    if not zipfile.is_zipfile(file):
+        raise ConfigError(
+            f"{option}: {file} cannot be read as a checkpoint (not a torch.save archive: "
+            "truncated or another kind of file); give a .ckpt written by radio-lit fit"
+        )
+    return file
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known names closest to ``name``, else ``""``.
+
+    Letter case is ignored when comparing, so ``PHIS`` finds ``PhiS``.
+    """
+    by_lower: dict[str, str] = {}
+    for candidate in known:
+        by_lower.setdefault(candidate.lower(), candidate)
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(by_lower[c]) for c in close) + "?)"
+
+
+#: jsonargparse's message for a class path whose last name the module lacks.
+_MISSING_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+
+
+def with_suggestions(message: str, options: Iterable[str] = ()) -> str:
+    """``message`` with a "did you mean" for an unknown option or class name in it.
+
+    - ``Unrecognized arguments: --model.normalzer X`` -> the closest of ``options``;
+    - ``module 'radio_lit.normalizers' has no attribute 'PHIS'`` -> the closest public name
+      of that module (``PhiS``).
+    """
+    unknown = re.match(r"(?:Unrecognized|unrecognized) arguments: (--[\w.\-]+)", message)
+    if unknown is not None:
+        given = unknown.group(1)
+        known = [o for o in options if o.startswith("--") and not o.endswith(".help")]
+        return message + did_you_mean(given, known)
+    missing = _MISSING_ATTRIBUTE.search(message)
+    if missing is not None:
+        module_name, attribute = missing.groups()
+        try:
+            module = importlib.import_module(module_name)
+            names = [n for n, v in vars(module).items() if n[:1] != "_" and callable(v)]
+        except ImportError:
+            return message
+        hint = did_you_mean(attribute, names)
+        if hint:
+            # The suggestion goes after the first line that names the missing attribute.
+            lines = message.splitlines()
+            at = next(i for i, line in enumerate(lines) if missing.group(0) in line)
+            lines[at] = lines[at].replace(missing.group(0), missing.group(0) + hint, 1)
+            return "\n".join(lines)
+    return message
 
 
 def _failing_key(error: BaseException, config: Mapping[str, Any]) -> str | None:
@@ -125,3 +218,17 @@ def report(error: BaseException, exit_code: int) -> int:
         hint = f"(set {TRACEBACK_ENV}=1 for the traceback)"
         sys.stderr.write(f"radio-lit: error: {error}\n{hint}\n")
     return exit_code
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse`` parser of a ``radio-lit`` subcommand: a bad argument raises
+    :class:`ConfigError` (printed by ``radio-lit`` as one line, exit code 2) and long options
+    are never abbreviated."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        known = [o for a in self._actions for o in a.option_strings]
+        raise ConfigError(f"{self.prog}: {with_suggestions(message, known)}")

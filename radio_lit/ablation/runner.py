@@ -29,6 +29,7 @@ import radio_lit
 from radio_lit.ablation.final_validation import write_json
 from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
+from radio_lit.errors import CommandParser
 
 __all__ = ["main", "run_ablation"]
 
@@ -43,14 +44,13 @@ def _clock(seconds: float) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     rows_dir = default_rows_dir()
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="radio-lit ablate",
         description=(
             "Train the PHI-S ablation rows (tables 1 and 12) one after the other and write the "
             "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks). Any "
             "other --section.key value option is passed to every row's radio-lit fit."
         ),
-        allow_abbrev=False,
     )
     parser.add_argument(
         "--rows",
@@ -138,28 +138,57 @@ def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> list[
 
 
 class _Progress:
-    """Row i of n, steps, elapsed and time left (mean of the rows finished in this run)."""
+    """Row i of n, steps, elapsed and time left.
+
+    The time left comes from measured time per step: the finished rows' wall time (start-up
+    and final validation included) over their steps, times the steps still to run in this
+    row and the rows after it. Before any row has finished, the running row's own rate since
+    its first reported step is used, plus its start-up time for each row after it.
+    """
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.start = time.monotonic()
-        self.durations: list[float] = []
+        self.finished: list[tuple[float, int]] = []  # (seconds, steps) of the finished rows
+        self._first: tuple[float, int] | None = None  # (time, step) first seen in this row
+
+    def row_done(self, seconds: float, steps: int) -> None:
+        self.finished.append((seconds, steps))
+        self._first = None
+
+    def seconds_left(
+        self, index: int, row_elapsed: float, step: int, max_steps: int, now: float
+    ) -> float | None:
+        """Estimated seconds until the last row is done, ``None`` before anything is known."""
+        rows_after = self.total - index
+        if self.finished:
+            per_step = sum(s for s, _ in self.finished) / max(sum(n for _, n in self.finished), 1)
+            steps = max_steps if max_steps > 0 else self.finished[-1][1]
+            this_row = max(per_step * steps - row_elapsed, 0.0)
+            return this_row + per_step * steps * rows_after
+        if step <= 0 or max_steps <= 0:
+            return None
+        if self._first is None or step < self._first[1]:
+            self._first = (now, step)
+            return None
+        first_time, first_step = self._first
+        if step == first_step:
+            return None
+        per_step = (now - first_time) / (step - first_step)
+        start_up = max(row_elapsed - (now - first_time) - per_step * first_step, 0.0)
+        return per_step * (max_steps - step) + (start_up + per_step * max_steps) * rows_after
 
     def line(self, index: int, row: Row, row_start: float, step: int, max_steps: int) -> str:
         now = time.monotonic()
         row_elapsed = now - row_start
         steps = f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"
-        per_row = None
-        if self.durations:
-            per_row = sum(self.durations) / len(self.durations)
-        elif step > 0 and max_steps > 0:
-            per_row = row_elapsed * max_steps / step
-        left = "?"
-        if per_row is not None:
-            left = _clock(max(per_row - row_elapsed, 0.0) + per_row * (self.total - index))
+        left = self.seconds_left(index, row_elapsed, step, max_steps, now)
+        estimate = "time left not known yet" if left is None else f"about {_clock(left)} left"
+        if left is not None and left == 0.0:
+            estimate = "finishing"
         return (
             f"[{index}/{self.total}] {row.name}: {steps}, {_clock(row_elapsed)} in this row, "
-            f"{_clock(now - self.start)} elapsed, about {left} left"
+            f"{_clock(now - self.start)} elapsed, {estimate}"
         )
 
 
@@ -251,7 +280,7 @@ def run_ablation(rows: list[Row], base: Path, overrides: list[str], out: Path) -
             print(f"[{index}/{len(todo)}] {row.name} FAILED (exit {status}), see {log_path}:")
             print(_tail(log_path), flush=True)
             continue
-        progress.durations.append(seconds)
+        progress.row_done(seconds, int(metrics["step"]))
         result = {
             "row": row.name,
             "setup": setup,

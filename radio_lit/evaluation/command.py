@@ -2,7 +2,8 @@
 
     radio-lit evaluate --ckpt_path lightning_logs/quickstart/version_0/checkpoints/last.ckpt
     radio-lit evaluate --ckpt_path RUN/checkpoints/last.ckpt --config my_measures.yaml
-    radio-lit evaluate --model_path exported.safetensors --run_config RUN/config.yaml
+    radio-lit evaluate --model_path RUN/export/last.safetensors
+    radio-lit evaluate --model_path RUN/export/last.safetensors --run_config RUN/config.yaml
 
 A training checkpoint is evaluated with the model described by its run's ``config.yaml``
 (``--run_config``; by default the ``config.yaml`` two folders above the checkpoint, where
@@ -10,8 +11,10 @@ A training checkpoint is evaluated with the model described by its run's ``confi
 ``--trainer.callbacks+`` arguments after the options give (callback presets, as for ``fit``:
 ``--config callbacks/evaluation.yaml``), else the run's own evaluation callbacks, else every
 measure with its defaults. An exported model (``--model_path``, what ``radio-lit export``
-writes) is loaded with ``radio_lit.load``; its teachers (for zero-shot, mode switching
-and the teacher PCA panels) then come from ``--run_config`` if given.
+writes) is loaded with ``radio_lit.load`` and evaluated at the resolution its own metadata
+records (``preferred_resolution``, the student's training resolution, and ``patch_size`` in
+``<stem>.json``); ``--run_config`` adds the run's teachers (for zero-shot, mode switching and
+the teacher PCA panels) and its student resolution, ``--resolution`` overrides both.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any
 import torch
 import yaml
 from jsonargparse import ArgumentParser
+from tqdm.auto import tqdm
 
+from radio_lit.errors import ConfigError, checkpoint_file
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.knn import KNNClassification
 from radio_lit.evaluation.pca import PCAFeatureImages
@@ -45,6 +50,8 @@ def parser() -> ArgumentParser:
         description="Evaluate a checkpoint: kNN, zero-shot, PCA images, mode switching, "
         "scale equivariance, RankMe. Arguments after these options (--config FILE, "
         "--trainer.callbacks+ ...) choose the measures, as for radio-lit fit.",
+        exit_on_error=False,
+        allow_abbrev=False,
     )
     p.add_argument("--ckpt_path", type=str | None, default=None, help="training checkpoint")
     p.add_argument(
@@ -72,13 +79,11 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
     args, rest = _split(list(argv))
     options = parser().parse_args(args)
     if (options.ckpt_path is None) == (options.model_path is None):
-        raise SystemExit("radio-lit evaluate: give exactly one of --ckpt_path or --model_path")
+        raise ConfigError("radio-lit evaluate: give exactly one of --ckpt_path or --model_path")
     device = torch.device(options.device)
     run_config = options.run_config
     if options.ckpt_path is not None:
-        checkpoint = Path(options.ckpt_path)
-        if not checkpoint.is_file():
-            raise SystemExit(f"radio-lit evaluate: --ckpt_path {checkpoint} does not exist")
+        checkpoint = checkpoint_file(options.ckpt_path, "--ckpt_path")
         run_config = run_config or str(checkpoint.resolve().parents[1] / "config.yaml")
     cli = _run_cli(run_config) if run_config is not None else None
     if options.ckpt_path is not None:
@@ -87,8 +92,10 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
         view, step, module = _exported_view(options, cli, device)
     measures = _measures(cli, rest, bool(view.teachers))
     report = Report()
-    with evaluation_mode(module), torch.no_grad():
-        for measure in measures:
+    bar = tqdm(measures, unit="measure", desc="evaluate", dynamic_ncols=True)
+    with evaluation_mode(module), torch.no_grad(), bar:
+        for measure in bar:
+            bar.set_postfix_str(type(measure).__name__)
             report.update(measure.evaluate(view))
     points = {f"{tag}@{x}px": y for tag, curve in report.curves.items() for x, y in curve.items()}
     rows = sorted(report.scalars.items()) + list(points.items())
@@ -124,8 +131,8 @@ def _run_cli(run_config: str) -> Any:
 
     path = Path(run_config)
     if not path.is_file():
-        raise SystemExit(
-            f"radio-lit evaluate: the run's config {path} does not exist; give --run_config "
+        raise ConfigError(
+            f"--run_config: the run's config {path} does not exist; give --run_config "
             "(radio-lit fit writes config.yaml next to the run's checkpoints/ folder)"
         )
     config = yaml.safe_load(path.read_text())
@@ -164,8 +171,8 @@ def _callbacks(argv: list[str]) -> list[Any]:
     try:
         parsed = presets.parse_args(argv)
     except Exception as err:  # jsonargparse's message names the bad key
-        raise SystemExit(
-            f"radio-lit evaluate: {err}\nthe arguments after the command's own options choose "
+        raise ConfigError(
+            f"radio-lit evaluate: {err}; the arguments after the command's own options choose "
             "the measures: --config FILE (e.g. callbacks/evaluation.yaml) or "
             "--trainer.callbacks+ CLASS"
         ) from err
@@ -187,16 +194,19 @@ def _exported_view(options: Any, cli: Any, device: torch.device) -> tuple[ModelV
     teachers = dict(cli.model.teachers.items()) if cli is not None else {}
     for teacher in teachers.values():
         teacher.to(device)
-    patch = getattr(model, "patch_size", None) or (
-        cli.model.student.patch_size if cli is not None else None
-    )
-    side = options.resolution or (cli.model.student_resolution[0] if cli is not None else None)
-    if patch is None or side is None:
-        raise SystemExit(
-            "radio-lit evaluate: give --run_config (the run the model was exported from) or "
-            "--resolution for an exported model that does not state its patch size"
-        )
-    return ModelView(model, (side, side), int(patch), teachers), 0, model
+    if options.resolution is not None:
+        size = (options.resolution, options.resolution)
+    elif cli is not None:
+        size = tuple(cli.model.student_resolution)
+    else:
+        size = exported_resolution(model.config["radio_lit"])
+    return ModelView(model, size, model.patch_size, teachers), 0, model
+
+
+def exported_resolution(extras: dict[str, Any]) -> tuple[int, int]:
+    """``(H, W)`` an export was trained at: its metadata's ``preferred_resolution``."""
+    height, width = (int(side) for side in extras["preferred_resolution"])
+    return height, width
 
 
 def _table(rows: list[tuple[str, float]], step: int) -> str:

@@ -8,15 +8,17 @@ with every teacher's normalizer folded into its feature head (PHI-S A.6).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from radio_lit.errors import CommandParser, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="radio-lit export",
         description="Export a training checkpoint to NVlabs/RADIO's format and safetensors.",
     )
@@ -40,14 +42,23 @@ def main(argv: list[str]) -> None:
         help="which files to write (default: both)",
     )
     args = parser.parse_args(argv)
-    model = checkpoint_inference_model(args.checkpoint, args.config)
+    checkpoint_file(args.checkpoint, "checkpoint")
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
+    formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
-    if args.format in ("both", "radio"):
-        written.append(save_radio(model, stem.with_name(stem.name + ".pth")))
-    if args.format in ("both", "safetensors"):
-        written.extend(save_safetensors(model, stem.with_name(stem.name + ".safetensors")))
+    with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
+        bar.set_postfix_str("fold normalizers")
+        model = checkpoint_inference_model(args.checkpoint, args.config)
+        bar.update()
+        if "radio" in formats:
+            bar.set_postfix_str("write .pth")
+            written.append(save_radio(model, stem.with_name(stem.name + ".pth")))
+            bar.update()
+        if "safetensors" in formats:
+            bar.set_postfix_str("write .safetensors")
+            written.extend(save_safetensors(model, stem.with_name(stem.name + ".safetensors")))
+            bar.update()
     for path in written:
         print(path)

@@ -137,3 +137,21 @@ def test_final_validation_runs_at_the_last_step_and_saves_its_metrics(tmp_path):
     )
     with pytest.raises(RuntimeError, match="no validation ran at the last training step"):
         no_validation.fit(tiny_module(), image_batches(40, 4))
+
+
+def test_time_left_comes_from_measured_time_per_step() -> None:
+    """Three rows of 100 steps. Before any row has finished, the running row's rate since
+    its first reported step (and its start-up time) predicts the rest; afterwards the
+    finished rows' seconds per step do, whatever the running row's start-up looks like."""
+    progress = runner._Progress(total=3)
+    # Row 1: 8 s of start-up, then 0.5 s per step; first report at step 4.
+    assert progress.seconds_left(1, row_elapsed=10.0, step=4, max_steps=100, now=10.0) is None
+    left = progress.seconds_left(1, row_elapsed=20.0, step=24, max_steps=100, now=20.0)
+    assert left == pytest.approx(0.5 * 76 + 2 * (8.0 + 0.5 * 100))
+    progress.row_done(seconds=60.0, steps=100)  # 0.6 s per step, all included
+    # Row 2 at step 3 after 5 s: 55 s left in it, 60 s for row 3.
+    left = progress.seconds_left(2, row_elapsed=5.0, step=3, max_steps=100, now=0.0)
+    assert left == pytest.approx(55.0 + 60.0)
+    progress.row_done(seconds=60.0, steps=100)
+    # The last row running past the finished rows' time: nothing left to estimate.
+    assert progress.seconds_left(3, row_elapsed=70.0, step=100, max_steps=100, now=0.0) == 0.0

@@ -1,9 +1,10 @@
 """The error catalogue: every known bad input, through the real ``radio-lit`` command.
 
-Each entry runs ``python -m radio_lit.cli fit --config configs/quickstart.yaml <bad input>``
-in a subprocess and expects exit code 2, one short message naming the config key and the
-problem, and no traceback. The subprocesses run concurrently (one fixture starts them all),
-so the catalogue costs a few command start-ups, not one per entry.
+Each entry calls ``radio_lit.cli.main`` (what the ``radio-lit`` console script runs) with a
+bad command line, in this process, and expects exit code 2, one short message naming the
+option or config key and the problem, no traceback, and no run folder left behind. A few
+checks run the real command in subprocesses (concurrently, one fixture starts them all):
+the exit status seen by a shell, the traceback on request, a diverging run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,51 +25,55 @@ from radio_lit.errors import TRACEBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+FIT = ["fit", "--config", QUICKSTART]
 
-#: name -> (extra arguments, text the message must contain). ``{tmp}`` is a scratch folder
-#: holding ``empty/`` (no images) and ``corrupt.ckpt`` (random bytes).
+#: name -> (command line, texts the message must contain). ``{tmp}`` is a scratch folder
+#: holding ``empty/`` (no images) and ``corrupt.ckpt`` (random bytes); ``FIT`` is
+#: ``fit --config configs/quickstart.yaml``.
 CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "wrong class path": (
-        ["--model.teachers.clip.class_path", "radio_lit.teachers.Nope"],
+        [*FIT, "--model.teachers.clip.class_path", "radio_lit.teachers.Nope"],
         ["model.teachers", "radio_lit.teachers.Nope", "has no attribute 'Nope'"],
     ),
     "teacher width without a Hadamard matrix": (
         [
+            *FIT,
             "--model.teachers.dino.init_args.model_kwargs",
             "{depth: 2, embed_dim: 6, num_heads: 2, img_size: 56}",
         ],
         ["model.normalizer", "Hadamard", "order 6", "Standardize"],
     ),
     "missing SAM checkpoint": (
-        ["--model.teachers.sam.init_args.checkpoint", "{tmp}/sam_vit_h.pth"],
+        [*FIT, "--model.teachers.sam.init_args.checkpoint", "{tmp}/sam_vit_h.pth"],
         ["model.teachers.sam", "SAM checkpoint not found", "sam_vit_h.pth"],
     ),
     "empty image folder": (
-        ["--data.init_args.train_dir", "{tmp}/empty"],
+        [*FIT, "--data.init_args.train_dir", "{tmp}/empty"],
         ["data.init_args.train_dir", "no images found"],
     ),
     "missing image folder": (
-        ["--data.init_args.train_dir", "{tmp}/missing"],
+        [*FIT, "--data.init_args.train_dir", "{tmp}/missing"],
         ["data.init_args.train_dir", "does not exist"],
     ),
     "missing validation folder": (
-        ["--data.init_args.val_dir", "{tmp}/missing"],
+        [*FIT, "--data.init_args.val_dir", "{tmp}/missing"],
         ["data.init_args.val_dir", "does not exist"],
     ),
     "student resolution not a multiple of the patch": (
-        ["--model.student_resolution", "70"],
+        [*FIT, "--model.student_resolution", "70"],
         ["model.student_resolution", "patch size 16", "use e.g. 64"],
     ),
     "unknown timm teacher": (
-        ["--model.teachers.dino.init_args.model", "vit_nope_dinov2"],
+        [*FIT, "--model.teachers.dino.init_args.model", "vit_nope_dinov2"],
         ["model.teachers.dino", "unknown timm model 'vit_nope_dinov2'", "timm.list_models"],
     ),
     "unknown timm student": (
-        ["--model.student.init_args.model", "vit_nope"],
+        [*FIT, "--model.student.init_args.model", "vit_nope"],
         ["model.student", "unknown timm model 'vit_nope'"],
     ),
     "unknown open_clip model": (
         [
+            *FIT,
             "--model.teachers.clip.init_args.model_cfg",
             "null",
             "--model.teachers.clip.init_args.model_name",
@@ -76,19 +82,20 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["model.teachers.clip", "unknown open_clip model 'ViT-Nope-16'"],
     ),
     "missing init_from": (
-        ["--model.init_from", "{tmp}/stage1.ckpt"],
+        [*FIT, "--model.init_from", "{tmp}/stage1.ckpt"],
         ["model.init_from", "does not exist", "stage1.ckpt"],
     ),
     "corrupt init_from": (
-        ["--model.init_from", "{tmp}/corrupt.ckpt"],
+        [*FIT, "--model.init_from", "{tmp}/corrupt.ckpt"],
         ["model.init_from", "cannot be read as a checkpoint", "corrupt.ckpt"],
     ),
     "unknown teacher in feature_weights": (
-        ["--model.feature_weights", "{nope: 1.0}"],
+        [*FIT, "--model.feature_weights", "{nope: 1.0}"],
         ["model.feature_weights", "unknown teachers ['nope']", "'clip', 'dino', 'sam'"],
     ),
     "shard pattern that matches nothing": (
         [
+            *FIT,
             "--data",
             "radio_lit.data.WebDatasetDataModule",
             "--data.init_args.urls",
@@ -98,74 +105,187 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ],
         ["data.init_args.urls", "4 of 4 shards do not exist", "00000.tar"],
     ),
-    "unknown option": (
-        ["--trainer.max_stepz", "3"],
-        ["Unrecognized arguments", "--trainer.max_stepz"],
-    ),
     "value of the wrong type": (
-        ["--trainer.max_steps", "many"],
+        [*FIT, "--trainer.max_steps", "many"],
         ["trainer.max_steps", "Expected a <class 'int'>", "many"],
     ),
     "non-positive batch size": (
-        ["--data.init_args.batch_size", "0"],
+        [*FIT, "--data.init_args.batch_size", "0"],
         ["batch_size=0", "must be positive"],
+    ),
+    "unknown option": (
+        [*FIT, "--trainer.max_stepz", "3"],
+        ["Unrecognized arguments", "--trainer.max_stepz", "did you mean '--trainer.max_steps'"],
+    ),
+    "abbreviated option": (
+        [*FIT, "--trainer.max_step", "20"],
+        ["Unrecognized arguments", "--trainer.max_step", "did you mean '--trainer.max_steps'"],
+    ),
+    "misspelt key": (
+        [*FIT, "--model.normalzer", "radio_lit.normalizers.PhiS"],
+        ["--model.normalzer", "did you mean '--model.normalizer'"],
+    ),
+    "misspelt class name": (
+        [*FIT, "--model.normalizer", "radio_lit.normalizers.PHIS"],
+        ["model.normalizer", "has no attribute 'PHIS'", "did you mean 'PhiS'"],
+    ),
+    "unreachable download": (
+        [
+            *FIT,
+            "--model.teachers.dino.init_args.model_kwargs",
+            "null",
+            "--model.teachers.dino.init_args.pretrained",
+            "true",
+        ],
+        [
+            "model.teachers.dino",
+            "timm/vit_small_patch14_reg4_dinov2",
+            "cannot be reached",
+            "local weights file",
+        ],
+    ),
+    "fit from a missing checkpoint": (
+        [*FIT, "--ckpt_path", "{tmp}/nope/last.ckpt"],
+        ["--ckpt_path", "nope/last.ckpt does not exist"],
+    ),
+    "fit from a corrupt checkpoint": (
+        [*FIT, "--ckpt_path", "{tmp}/corrupt.ckpt"],
+        ["--ckpt_path", "corrupt.ckpt cannot be read as a checkpoint"],
+    ),
+    "validate a missing checkpoint": (
+        ["validate", "--config", QUICKSTART, "--ckpt_path", "{tmp}/nope.ckpt"],
+        ["--ckpt_path", "does not exist"],
+    ),
+    "test without val_dir": (
+        ["test", "--config", QUICKSTART, "--data.init_args.val_dir", "null"],
+        ["data.init_args.val_dir", "not set"],
+    ),
+    "evaluate a missing checkpoint": (
+        ["evaluate", "--ckpt_path", "{tmp}/nope.ckpt"],
+        ["--ckpt_path", "does not exist"],
+    ),
+    "evaluate a corrupt checkpoint": (
+        ["evaluate", "--ckpt_path", "{tmp}/corrupt.ckpt"],
+        ["--ckpt_path", "cannot be read as a checkpoint"],
+    ),
+    "export a missing checkpoint": (
+        ["export", "{tmp}/nope.ckpt"],
+        ["checkpoint", "does not exist"],
+    ),
+    "export a corrupt checkpoint": (
+        ["export", "{tmp}/corrupt.ckpt"],
+        ["cannot be read as a checkpoint"],
+    ),
+    "predict from a missing checkpoint": (
+        ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],
+        ["--ckpt_path", "does not exist"],
+    ),
+    "predict from a corrupt checkpoint": (
+        [
+            "predict",
+            "--ckpt_path",
+            "{tmp}/corrupt.ckpt",
+            "--images",
+            "{tmp}",
+            "--output",
+            "{tmp}/o",
+        ],
+        ["--ckpt_path", "cannot be read as a checkpoint"],
+    ),
+    "ablate with a missing base config": (
+        ["ablate", "--base", "{tmp}/nope.yaml"],
+        ["radio-lit ablate", "--base", "no such config file"],
+    ),
+    "predict with an abbreviated option": (
+        ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
+        + ["--output", "{tmp}/o", "--batch_siz", "4"],
+        ["radio-lit predict", "--batch_siz", "did you mean '--batch_size'"],
     ),
 }
 
 
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "radio_lit.cli", "fit", "--config", QUICKSTART, *args]
+@pytest.fixture
+def scratch(tmp_path, monkeypatch) -> Path:
+    """A scratch folder as the working directory; the Hub at an address that refuses
+    connections, not set offline (tests/conftest.py restores the offline mode after)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "corrupt.ckpt").write_bytes(os.urandom(2048))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_bad_input_gets_one_short_message_and_exit_code_2(scratch, capsys, name):
+    argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    seconds = time.monotonic() - start
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    error_lines = [line for line in stderr.splitlines() if "radio-lit: error:" in line]
+    assert len(error_lines) == 1, stderr[-3000:]
+    message = stderr[stderr.index("radio-lit: error:") :]
+    assert len(message.splitlines()) <= 4, message
+    for text in CATALOGUE[name][1]:
+        assert text in message, f"{text!r} not in {message!r}"
+    assert seconds < 30, f"{seconds:.0f} s before the message"
+    assert not list(scratch.glob("lightning_logs/*/version_*")), "a run folder was left behind"
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "radio_lit.cli", *args]
     return subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    """Run every catalogue entry (and one with tracebacks on) concurrently."""
+    """The real command in subprocesses, concurrently: an error, one with tracebacks on, a
+    diverging run."""
     tmp = tmp_path_factory.mktemp("catalogue")
-    (tmp / "empty").mkdir()
-    (tmp / "corrupt.ckpt").write_bytes(os.urandom(2048))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(TRACEBACK_ENV, None)
     jobs = {
-        name: ([a.replace("{tmp}", str(tmp)) for a in args], env)
-        for name, (args, _) in CATALOGUE.items()
+        "missing checkpoint": ([*FIT, "--ckpt_path", str(tmp / "nope.ckpt")], env),
+        "traceback on request": (
+            [*FIT, "--model.student_resolution", "70"],
+            {**env, TRACEBACK_ENV: "1"},
+        ),
+        "diverging run": (
+            [
+                *FIT,
+                "--model.optimizer.init_args.lr",
+                "1e12",
+                "--trainer.max_steps",
+                "4",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp / "diverging"),
+                "--trainer.default_root_dir",
+                str(tmp / "diverging"),
+            ],
+            env,
+        ),
     }
-    jobs["traceback on request"] = (
-        ["--model.student_resolution", "70"],
-        {**env, TRACEBACK_ENV: "1"},
-    )
-    jobs["diverging run"] = (
-        [
-            "--model.optimizer.init_args.lr",
-            "1e12",
-            "--trainer.max_steps",
-            "4",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp / "diverging"),
-            "--trainer.default_root_dir",
-            str(tmp / "diverging"),
-        ],
-        env,
-    )
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_run, *job) for name, job in jobs.items()}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, *job, tmp) for name, job in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CATALOGUE))
-def test_bad_input_gets_one_short_message_and_exit_code_2(outcomes, name):
-    result = outcomes[name]
+def test_the_command_exits_with_status_2_and_leaves_no_run_folder(outcomes, tmp_path_factory):
+    result = outcomes["missing checkpoint"]
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    error_lines = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
-    assert len(error_lines) == 1, result.stderr[-3000:]
-    message = result.stderr[result.stderr.index("radio-lit: error:") :]
-    assert len(message.splitlines()) <= 4, message
-    for text in CATALOGUE[name][1]:
-        assert text in message, f"{text!r} not in {message!r}"
+    assert result.stderr.startswith("radio-lit: error: --ckpt_path: checkpoint"), result.stderr
+    assert len(result.stderr.splitlines()) == 2  # the message and the traceback hint
+    run_dir = next(tmp_path_factory.getbasetemp().glob("catalogue*"))
+    assert not (run_dir / "lightning_logs").exists()
 
 
 @pytest.mark.slow

@@ -46,7 +46,8 @@ def test_an_exported_model_is_evaluated_through_radio_lit_load(tmp_path, monkeyp
 
 
 def test_an_exported_model_scores_as_the_module_it_was_exported_from(tmp_path, capsys):
-    """``radio-lit evaluate --model_path`` on a real export (safetensors, normalizers folded)
+    """``radio-lit evaluate --model_path`` on a real export (safetensors, normalizers folded),
+    with no other option than the measures, runs at the resolution the export records and
     gives the kNN accuracy the in-training measure gives on the module itself."""
     train, evaluation = dataset_root(tmp_path)
     module = tiny_module().eval()
@@ -57,7 +58,7 @@ def test_an_exported_model_scores_as_the_module_it_was_exported_from(tmp_path, c
         "trainer:\n  callbacks+:\n    - class_path: radio_lit.evaluation.KNNClassification\n"
         f"      init_args: {knn}\n".replace("'", "")
     )
-    main(["evaluate", "--model_path", str(exported), "--resolution", "64", "--config", str(preset)])
+    main(["evaluate", "--model_path", str(exported), "--config", str(preset)])
     table = dict(line.split() for line in capsys.readouterr().out.splitlines()[2:])
     own = KNNClassification(**knn).evaluate(module_view(module))
     assert float(table["eval/knn/backbone/top1"]) == pytest.approx(
@@ -65,6 +66,8 @@ def test_an_exported_model_scores_as_the_module_it_was_exported_from(tmp_path, c
     )
 
 
-def test_a_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="does not exist"):
+def test_a_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
         main(["evaluate", "--ckpt_path", str(tmp_path / "last.ckpt")])
+    assert stopped.value.code == 2
+    assert "radio-lit: error: --ckpt_path: checkpoint" in capsys.readouterr().err
