@@ -60,6 +60,33 @@ def assign_weights(net: nn.Module, state: Mapping[str, Tensor], strict: bool = T
     construction that this cannot recompute; ``RuntimeError`` names it.
     """
     net.load_state_dict(state, strict=strict, assign=True)
+    materialize(net)
+
+
+@contextmanager
+def assigning_loads(net: nn.Module) -> Iterator[None]:
+    """While the block runs, every ``load_state_dict`` into ``net`` assigns instead of
+    copying, as ``assign=True`` does: for a library's own loader (open_clip's
+    ``load_checkpoint``, which converts keys first) on a meta-built model.
+
+    Uses the public ``register_load_state_dict_pre_hook``: each module's hook sets the
+    ``assign_to_params_buffers`` flag that ``load_state_dict(assign=True)`` would set.
+    """
+
+    def assign(module: nn.Module, *args: object) -> None:
+        args[2]["assign_to_params_buffers"] = True  # (state_dict, prefix, local_metadata, ...)
+
+    handles = [m.register_load_state_dict_pre_hook(assign) for m in net.modules()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def materialize(net: nn.Module) -> None:
+    """Allocate and compute the non-persistent buffers of a meta-built ``net`` whose weights
+    were assigned; ``RuntimeError`` naming any tensor still on the meta device."""
     for module in net.modules():
         for name, buffer in module._buffers.items():
             if buffer is not None and buffer.is_meta:
@@ -72,7 +99,7 @@ def assign_weights(net: nn.Module, state: Mapping[str, Tensor], strict: bool = T
     if left:
         raise RuntimeError(
             f"{type(net).__name__} built on the meta device still has {left[:3]} unset after "
-            "loading; its weights file misses them (load_state_dict strict=False?)."
+            "loading: the weights file misses them or the module computes them at construction."
         )
 
 

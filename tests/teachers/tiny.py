@@ -33,6 +33,17 @@ TINY_SIGLIP_CFG: dict[str, Any] = {
     "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1},
 }
 
+#: transformers ``SiglipVisionConfig`` (SigLIP/SigLIP2's fixed-resolution tower, attention-pool
+#: head) shrunk: 64 px, patch 16 -> 4x4 grid, width 48.
+TINY_SIGLIP_HF_CONFIG: dict[str, Any] = {
+    "hidden_size": 48,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 64,
+    "patch_size": 16,
+}
+
 #: timm ``vit_small_patch14_reg4_dinov2`` shrunk: 56 px -> 4x4 grid, width 48, 4 registers.
 TINY_DINOV2_TIMM_KWARGS: dict[str, Any] = {
     "depth": 2,
