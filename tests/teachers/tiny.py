@@ -63,6 +63,21 @@ TINY_DINOV2_HF_CONFIG: dict[str, Any] = {
     "num_register_tokens": 4,
 }
 
+#: timm ``vit_small_patch16_dinov3`` (EVA blocks, RoPE, CLS + 4 registers) shrunk: 64 px ->
+#: 4x4 grid, width 32.
+TINY_DINOV3_TIMM_KWARGS: dict[str, Any] = {"depth": 2, "embed_dim": 32, "num_heads": 2, "img_size": 64}
+
+#: transformers ``DINOv3ViTConfig`` shrunk: 64 px -> 4x4 grid, width 32, 4 registers.
+TINY_DINOV3_HF_CONFIG: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 64,
+    "patch_size": 16,
+    "num_register_tokens": 4,
+}
+
 #: SAM ViTDet encoder shrunk: 128 px input, patch 16 -> 8x8 grid, windows of 4, width 32.
 TINY_SAM_ENCODER: dict[str, Any] = {
     "img_size": 128,
