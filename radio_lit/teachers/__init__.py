@@ -11,6 +11,7 @@ from radio_lit.teachers.dinov3 import DINOv3Teacher
 from radio_lit.teachers.open_clip import OpenCLIPTeacher
 from radio_lit.teachers.rescaled import TABLE7, FeatureStatistics, RescaledTeacher
 from radio_lit.teachers.sam import SAMTeacher
+from radio_lit.teachers.sam_hf import SAM2Teacher, SAM3Teacher
 from radio_lit.teachers.timm_teacher import TimmTeacher
 from radio_lit.teachers.transformers_teacher import TransformersTeacher
 
@@ -21,6 +22,8 @@ __all__ = [
     "FeatureStatistics",
     "OpenCLIPTeacher",
     "RescaledTeacher",
+    "SAM2Teacher",
+    "SAM3Teacher",
     "SAMTeacher",
     "Teacher",
     "TeacherOutput",

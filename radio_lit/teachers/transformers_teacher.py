@@ -67,7 +67,7 @@ REFUSED: dict[str, str] = {
 }
 REFUSED["siglip2_vision_model"] = REFUSED["siglip2"]
 
-_LOCAL_HINT = (
+LOCAL_HINT = (
     "On an offline machine set HF_HUB_OFFLINE=1 and give a local directory written by "
     "save_pretrained (or a downloaded snapshot of the repository) as model."
 )
@@ -211,7 +211,7 @@ def load_config(
                 "an HF id or a local directory, or set pretrained: false for random weights."
             )
         return AutoConfig.for_model(model, **overrides)
-    with download_errors(teacher, model, _LOCAL_HINT):
+    with download_errors(teacher, model, LOCAL_HINT):
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     if hasattr(config, "vision_config") and config.model_type in VISION_MODELS:
         config = config.vision_config  # a CLIP-like checkpoint: its image tower's config
@@ -242,7 +242,7 @@ def build_transformers(
     if not pretrained:
         net = model_class.from_config(config) if model_class is AutoModel else model_class(config)
         return cast(net, dtype), config
-    with download_errors(teacher, model, _LOCAL_HINT):
+    with download_errors(teacher, model, LOCAL_HINT):
         net = model_class.from_pretrained(
             model, config=config, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
         )
