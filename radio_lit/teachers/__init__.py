@@ -9,6 +9,7 @@ from radio_lit.teachers.base import Teacher, TeacherOutput
 from radio_lit.teachers.dinov2 import DINOv2Teacher
 from radio_lit.teachers.dinov3 import DINOv3Teacher
 from radio_lit.teachers.open_clip import OpenCLIPTeacher
+from radio_lit.teachers.radio import RADIOTeacher
 from radio_lit.teachers.rescaled import TABLE7, FeatureStatistics, RescaledTeacher
 from radio_lit.teachers.sam import SAMTeacher
 from radio_lit.teachers.sam_hf import SAM2Teacher, SAM3Teacher
@@ -20,6 +21,7 @@ __all__ = [
     "DINOv2Teacher",
     "DINOv3Teacher",
     "FeatureStatistics",
+    "RADIOTeacher",
     "OpenCLIPTeacher",
     "RescaledTeacher",
     "SAM2Teacher",
