@@ -80,4 +80,6 @@ class CanvasTeacher(Teacher):
         # zeros = the mean pixel after normalization
         padded = F.pad(view, (0, canvas - width, 0, canvas - height))
         features = self.encode_canvas(padded)
-        return TeacherOutput(summary=None, features=features[:, : height // patch, : width // patch])
+        return TeacherOutput(
+            summary=None, features=features[:, : height // patch, : width // patch]
+        )

@@ -18,7 +18,7 @@ The last two run the repository's own Python code, so they need ``trust_remote_c
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -87,7 +87,10 @@ class RADIOTeacher(Teacher):
 
     def encode(self, view: Tensor) -> TeacherOutput:
         """``[B, 3, H, W]`` in ``[0, 1]`` -> the chosen output, features ``[B, H/p, W/p, C]``."""
-        outputs = self.model(view) if self.loader == "export" else self.model(view, feature_fmt="NLC")
+        # NVlabs' hub model takes the layout as an argument; its HF wrapper returns NLC
+        outputs = (
+            self.model(view, feature_fmt="NLC") if self.loader == "torch_hub" else self.model(view)
+        )
         if not isinstance(outputs, dict):  # NVlabs' model without adaptors: (summary, features)
             outputs = {"backbone": outputs}
         if self.adaptor not in outputs:
@@ -145,13 +148,16 @@ def _load(
                 trust_repo=True,
             )
     else:
-        from transformers import AutoModel
+        from transformers import AutoConfig, AutoModel
 
         with download_errors("RADIOTeacher", model, _HUB_HINT):
-            kwargs: dict[str, Any] = {"adaptor_names": adaptors} if adaptors else {}
-            net = AutoModel.from_pretrained(model, trust_remote_code=True, **kwargs)
-    patch = int(getattr(net, "patch_size", 16))
-    preferred = getattr(net, "preferred_resolution", None)
+            # NVlabs/RADIO README: set adaptor_names on the config, then load with it
+            config = AutoConfig.from_pretrained(model, trust_remote_code=True)
+            config.adaptor_names = adaptors or None
+            net = AutoModel.from_pretrained(model, config=config, trust_remote_code=True)
+    inner = getattr(net, "radio_model", net)  # the HF wrapper holds the hub model
+    patch = int(getattr(inner, "patch_size", 16))
+    preferred = getattr(inner, "preferred_resolution", None)
     side = int(preferred[0]) if preferred is not None else 432
     return net, patch, side
 

@@ -20,7 +20,13 @@ from torch import Tensor, nn
 
 from radio_lit.teachers._errors import require_file, unknown_name
 from radio_lit.teachers.canvas import CanvasTeacher
-from radio_lit.teachers.loading import TeacherDtype, assign_weights, build_on_meta, cast, read_state_dict
+from radio_lit.teachers.loading import (
+    TeacherDtype,
+    assign_weights,
+    build_on_meta,
+    cast,
+    read_state_dict,
+)
 
 #: SAM's pixel normalization (``Sam.pixel_mean`` / ``pixel_std``) on the 0-1 scale.
 SAM_MEAN = (123.675 / 255, 116.28 / 255, 103.53 / 255)

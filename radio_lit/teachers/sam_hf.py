@@ -58,7 +58,9 @@ class _HFCanvasTeacher(CanvasTeacher):
                 config = self.vision_config.from_pretrained(model, **overrides)
                 return cast(self.vision_model(config), dtype)
             if kind == vision_type:
-                return self.vision_model.from_pretrained(model, dtype=torch_dtype(dtype), **overrides)
+                return self.vision_model.from_pretrained(
+                    model, dtype=torch_dtype(dtype), **overrides
+                )
             full = self.full_model.from_pretrained(model, dtype=torch_dtype(dtype))
             return full.vision_encoder
 
@@ -117,9 +119,7 @@ class SAM2Teacher(_HFCanvasTeacher):
             level, hiera.num_query_pool_stages
         )
         mean, std = PIXEL_STATS["sam2_vision_model"]
-        super().__init__(
-            resolution or canvas, canvas, stride, mean, std, follow_student, mosaic
-        )
+        super().__init__(resolution or canvas, canvas, stride, mean, std, follow_student, mosaic)
         self.level = level
         self.model = encoder.backbone  # the neck is not run
         self._feature_dim = hiera.embed_dim_per_stage[level]

@@ -73,7 +73,9 @@ class TimmTeacher(TokenTeacher):
         if follow_student:
             kwargs["dynamic_img_size"] = True
         net = build_timm(self.teacher_name, model, pretrained, checkpoint, resolution, kwargs)
-        super().__init__(timm_layout(self.teacher_name, net, model, summary, mean, std), follow_student)
+        super().__init__(
+            timm_layout(self.teacher_name, net, model, summary, mean, std), follow_student
+        )
         self.model = cast(net, dtype)
         self.freeze()
 
@@ -81,7 +83,9 @@ class TimmTeacher(TokenTeacher):
         return timm_tokens(self.model, view, self.summary_source)
 
 
-def timm_tokens(net: nn.Module, view: Tensor, summary: SummarySource) -> tuple[Tensor, Tensor | None]:
+def timm_tokens(
+    net: nn.Module, view: Tensor, summary: SummarySource
+) -> tuple[Tensor, Tensor | None]:
     """Normed tokens ``[B, prefix + N, C]`` of a timm model, and its pooled pre-logits
     ``[B, C]`` when ``summary`` is ``"pooled"``."""
     tokens = net.forward_features(view)
@@ -135,7 +139,10 @@ def build_timm(
     is the ``timm.list_models`` pattern an unknown name's error suggests."""
     if not timm.is_model(model):
         raise unknown_name(
-            "timm model", model, timm.list_models(), f"List them with timm.list_models({pattern!r})."
+            "timm model",
+            model,
+            timm.list_models(),
+            f"List them with timm.list_models({pattern!r}).",
         )
     # resolution becomes timm's img_size; an img_size in model_kwargs must not contradict it
     if resolution is not None and kwargs.setdefault("img_size", resolution) != resolution:

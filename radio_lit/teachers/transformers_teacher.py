@@ -23,9 +23,9 @@ from transformers import (
     AutoConfig,
     AutoImageProcessor,
     AutoModel,
-    DINOv3ViTModel,
     Dinov2Model,
     Dinov2WithRegistersModel,
+    DINOv3ViTModel,
     PretrainedConfig,
     SiglipVisionModel,
 )
@@ -130,7 +130,9 @@ class TransformersTeacher(TokenTeacher):
             self.model_types,
             dtype,
         )
-        layout = transformers_layout(self.teacher_name, model, config, resolution, summary, mean, std)
+        layout = transformers_layout(
+            self.teacher_name, model, config, resolution, summary, mean, std
+        )
         super().__init__(layout, follow_student)
         self.model = net
         self._native = _side(config.image_size)

@@ -76,7 +76,10 @@ def test_sam3_takes_the_vit_before_the_fpn_neck(tmp_path: Path, crop: Tensor) ->
 
 def test_sam3_mosaic_packs_four_views_per_canvas() -> None:
     teacher = SAM3Teacher(
-        "sam3_vision_model", pretrained=False, model_kwargs=TINY_SAM3_CONFIG, resolution=56,
+        "sam3_vision_model",
+        pretrained=False,
+        model_kwargs=TINY_SAM3_CONFIG,
+        resolution=56,
         mosaic=True,
     )
     calls = []

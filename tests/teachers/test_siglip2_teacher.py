@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
-from radio_lit.teachers import OpenCLIPTeacher, TransformersTeacher
+from radio_lit.teachers import TransformersTeacher
 from radio_lit.teachers.open_clip import pixel_stats
 from tests.teachers.test_open_clip_teacher import _saved_model
 from tests.teachers.tiny import TINY_SIGLIP_CFG, TINY_SIGLIP_HF_CONFIG, tiny_siglip_teacher
@@ -69,8 +69,14 @@ def test_transformers_siglip_matches_the_library(tmp_path: Path, crop: Tensor) -
 
 def test_transformers_siglip_full_checkpoint_runs_its_image_tower(tmp_path: Path) -> None:
     torch.manual_seed(1)
-    text = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 64, "vocab_size": 64, "max_position_embeddings": 8}
+    text = {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 64,
+        "max_position_embeddings": 8,
+    }
     source = SiglipModel(SiglipConfig(text_config=text, vision_config=TINY_SIGLIP_HF_CONFIG))
     source.eval().save_pretrained(tmp_path)
     teacher = TransformersTeacher(str(tmp_path), resolution=96)  # position table interpolated

@@ -72,7 +72,12 @@ TINY_DINOV2_HF_CONFIG: dict[str, Any] = {
 
 #: timm ``vit_small_patch16_dinov3`` (EVA blocks, RoPE, CLS + 4 registers) shrunk: 64 px ->
 #: 4x4 grid, width 32.
-TINY_DINOV3_TIMM_KWARGS: dict[str, Any] = {"depth": 2, "embed_dim": 32, "num_heads": 2, "img_size": 64}
+TINY_DINOV3_TIMM_KWARGS: dict[str, Any] = {
+    "depth": 2,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "img_size": 64,
+}
 
 #: transformers ``DINOv3ViTConfig`` shrunk: 64 px -> 4x4 grid, width 32, 4 registers.
 TINY_DINOV3_HF_CONFIG: dict[str, Any] = {
@@ -175,7 +180,10 @@ def tiny_sam_teacher(resolution: int | None = 96, **overrides: Any) -> SAMTeache
 def tiny_dinov3_teacher(**overrides: Any) -> DINOv3Teacher:
     """Tiny timm DINOv3 teacher (EVA blocks, RoPE, 4 registers; random weights)."""
     return DINOv3Teacher(
-        "vit_small_patch16_dinov3", pretrained=False, model_kwargs=TINY_DINOV3_TIMM_KWARGS, **overrides
+        "vit_small_patch16_dinov3",
+        pretrained=False,
+        model_kwargs=TINY_DINOV3_TIMM_KWARGS,
+        **overrides,
     )
 
 
