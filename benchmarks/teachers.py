@@ -167,7 +167,8 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for name in args.families:
         torch.manual_seed(0)
-        teacher = family(name, args.depth, None if args.dtype == "float32" else args.dtype)
+        with torch.device(args.device):  # random initialization where the model runs
+            teacher = family(name, args.depth, None if args.dtype == "float32" else args.dtype)
         teacher.to(args.device)
         params = sum(p.numel() for p in teacher.parameters())
         side = teacher.resolution
