@@ -106,3 +106,21 @@ def test_undownloadable_id_names_teacher_id_and_local_route(monkeypatch) -> None
     assert "\n" not in message
     assert message.startswith("DINOv3Teacher: cannot fetch 'facebook/dinov3-vit7b16-pretrain")
     assert "save_pretrained" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_a_resolution_off_the_patch_grid_names_the_nearest_valid_one() -> None:
+    kwargs = {k: v for k, v in TINY_DINOV3_TIMM_KWARGS.items() if k != "img_size"}
+    with pytest.raises(
+        ValueError,
+        match="resolution 100 is not a multiple of the patch size 16; the nearest valid one is 96",
+    ):
+        DINOv3Teacher(
+            "dinov3_vit",
+            backend="transformers",
+            pretrained=False,
+            resolution=100,
+            model_kwargs={**TINY_DINOV3_HF_CONFIG},
+        )
+    assert DINOv3Teacher(
+        "vit_small_patch16_dinov3", pretrained=False, resolution=96, model_kwargs=kwargs
+    ).grid_size == (6, 6)

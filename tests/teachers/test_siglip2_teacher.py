@@ -93,3 +93,30 @@ def test_transformers_siglip_full_checkpoint_runs_its_image_tower(tmp_path: Path
 def test_naflex_siglip2_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="NaFlex.*variable-length.*google/siglip2-"):
         TransformersTeacher("siglip2_vision_model", pretrained=False)
+
+
+def test_generic_transformers_teacher_counts_prefix_tokens_from_the_output(
+    tmp_path: Path, crop: Tensor
+) -> None:
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(1)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=64,
+        patch_size=16,
+    )
+    source = ViTModel(config).eval()
+    source.save_pretrained(tmp_path)
+    teacher = TransformersTeacher(
+        str(tmp_path), summary="cls", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)
+    )
+    assert teacher.num_prefix_tokens is None  # a ViT's CLS token is found in its output
+    with torch.no_grad():
+        tokens = source(pixel_values=teacher.view(crop)).last_hidden_state
+    out = teacher(crop)
+    torch.testing.assert_close(out.summary, tokens[:, 0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.features, tokens[:, 1:].reshape(2, 4, 4, 32), rtol=0, atol=1e-5)
