@@ -108,9 +108,19 @@ def cast(net: M, dtype: TeacherDtype | None) -> M:
     return net if dtype is None else net.to(torch_dtype(dtype))
 
 
-#: What a failed download raises: connection, missing-cache and hub errors are OSErrors in
-#: huggingface_hub, transformers and timm; a missing gated-repository login is a ValueError.
+#: What a failed download raises: connection, missing-cache and gated-repository errors are
+#: OSErrors in huggingface_hub, transformers and timm (open_clip re-raises them as the cause of
+#: a RuntimeError).
 _DOWNLOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError)
+
+
+def _download_failure(error: BaseException) -> BaseException | None:
+    """The download error in ``error``'s cause chain, if any."""
+    while error is not None:
+        if isinstance(error, _DOWNLOAD_ERRORS):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @contextmanager
@@ -123,8 +133,11 @@ def download_errors(teacher: str, model_id: str, local_hint: str) -> Iterator[No
     """
     try:
         yield
-    except _DOWNLOAD_ERRORS as error:
+    except Exception as raised:
+        error = _download_failure(raised)
+        if error is None:
+            raise
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise OSError(
             f"{teacher}: cannot fetch {model_id!r} ({reason[:160]}). {local_hint}"
-        ) from error
+        ) from raised

@@ -23,7 +23,13 @@ from torch import Tensor, nn
 
 from radio_lit.teachers._errors import unknown_name
 from radio_lit.teachers.base import Teacher, TeacherOutput
-from radio_lit.teachers.loading import TeacherDtype, assigning_loads, cast, materialize
+from radio_lit.teachers.loading import (
+    TeacherDtype,
+    assigning_loads,
+    cast,
+    download_errors,
+    materialize,
+)
 
 
 class OpenCLIPTeacher(Teacher):
@@ -162,7 +168,11 @@ def _create_clip(
             open_clip.load_checkpoint(model, pretrained, weights_only=True)
         materialize(model.visual)
         return model, config["embed_dim"]
-    with _registered_config(name, model_cfg):
+    hint = (
+        "On an offline machine give a local checkpoint file as pretrained (set HF_HUB_OFFLINE=1 "
+        "so that a missing download fails at once)."
+    )
+    with _registered_config(name, model_cfg), download_errors("OpenCLIPTeacher", model_name, hint):
         model = open_clip.create_model(  # weights as tensors only, never pickled code
             model_name, pretrained=pretrained, force_image_size=resolution, weights_only=True
         )

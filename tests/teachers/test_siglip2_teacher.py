@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
-from radio_lit.teachers import TransformersTeacher
+from radio_lit.teachers import OpenCLIPTeacher, TransformersTeacher
 from radio_lit.teachers.open_clip import pixel_stats
 from tests.teachers.test_open_clip_teacher import _saved_model
 from tests.teachers.tiny import TINY_SIGLIP_CFG, TINY_SIGLIP_HF_CONFIG, tiny_siglip_teacher
@@ -120,3 +120,14 @@ def test_generic_transformers_teacher_counts_prefix_tokens_from_the_output(
     out = teacher(crop)
     torch.testing.assert_close(out.summary, tokens[:, 0], rtol=0, atol=1e-5)
     torch.testing.assert_close(out.features, tokens[:, 1:].reshape(2, 4, 4, 32), rtol=0, atol=1e-5)
+
+
+def test_an_undownloadable_tag_names_the_teacher_and_the_local_route(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError) as error:
+        OpenCLIPTeacher("ViT-B-16-SigLIP2", pretrained="webli")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("OpenCLIPTeacher: cannot fetch 'ViT-B-16-SigLIP2'")
+    assert "local checkpoint file as pretrained" in message
