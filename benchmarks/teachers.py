@@ -10,12 +10,12 @@
      the file's tensors are assigned (``load_state_dict(assign=True)``), one copy.
 
    Reported: wall time of build + load, and peak memory growth over the process's baseline
-   (``ru_maxrss`` on the CPU, ``torch.cuda.max_memory_allocated`` on a GPU, where the model
-   is then moved) against the weights' size, right after loading and again after reading
-   every weight once (safetensors files are memory-mapped: assigned tensors stay pages of the
-   file until first read, which the second number counts). Both paths read the file the same
-   way (``safetensors`` memory map); ``torch.load`` of a pickle would add a copy to the plain
-   path.
+   (on the CPU ``VmHWM`` growth, the mark reset through ``/proc/self/clear_refs``; on a GPU
+   ``torch.cuda.max_memory_allocated``, the model then moved there) against the weights'
+   size, right after loading and again after reading every weight once (safetensors files are
+   memory-mapped: assigned tensors stay pages of the file until first read, which the second
+   number counts). Both paths read the file the same way (``safetensors`` memory map);
+   ``torch.load`` of a pickle would add a copy to the plain path.
 
 2. **One forward per family at real widths** (random weights, no download): SigLIP2-g
    (timm ``vit_giantopt_patch16_siglip_384``, open_clip's ``ViT-gopt-16-SigLIP2-384``
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -78,8 +77,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- 1. build + load ------------------------------------------------------------------------
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _status_mib(field: str) -> float:
+    """``VmRSS`` / ``VmHWM`` of this process in MiB (``/proc/self/status``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def _reset_peak() -> float:
+    """Reset the peak-RSS mark (``/proc/self/clear_refs``) and return the current RSS (MiB)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_mib("VmRSS")
 
 
 def child(path: str, file: str, device: str, model: str) -> dict[str, float]:
@@ -90,7 +99,7 @@ def child(path: str, file: str, device: str, model: str) -> dict[str, float]:
     from radio_lit.teachers.loading import read_state_dict
 
     cuda = device.startswith("cuda")
-    base = torch.cuda.memory_allocated() if cuda else _rss_mib()
+    base = torch.cuda.memory_allocated() if cuda else _reset_peak()
     start = time.perf_counter()
     if path == "plain":
         import timm
@@ -103,12 +112,16 @@ def child(path: str, file: str, device: str, model: str) -> dict[str, float]:
         net.to(device)
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else _rss_mib() - base
+    peak = (
+        (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else _status_mib("VmHWM") - base
+    )
     # assigned tensors may still be pages of the memory-mapped file: read every weight once,
     # as the first forward does, and measure again
     with torch.no_grad():
         sum(float(p.float().sum()) for p in net.parameters())
-    touched = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else _rss_mib() - base
+    touched = (
+        (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else _status_mib("VmHWM") - base
+    )
     return {"seconds": seconds, "peak_mib": peak, "touched_mib": touched}
 
 
