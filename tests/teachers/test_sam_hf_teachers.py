@@ -93,3 +93,18 @@ def test_sam3_resolution_above_the_canvas_names_the_nearest_valid_one() -> None:
         SAM3Teacher(
             "sam3_vision_model", pretrained=False, model_kwargs=TINY_SAM3_CONFIG, resolution=128
         )
+
+
+def test_sam2_from_a_whole_sam2_model_keeps_its_vision_encoder(tmp_path: Path) -> None:
+    """facebook/sam2.1-* repositories hold the whole Sam2Model (prompt encoder, mask decoder)."""
+    from transformers import Sam2Config, Sam2Model
+
+    torch.manual_seed(1)
+    source = Sam2Model(Sam2Config(vision_config=TINY_SAM2_CONFIG)).eval()
+    source.save_pretrained(tmp_path)
+    teacher = SAM2Teacher(str(tmp_path))
+    images = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        stages = source.vision_encoder.backbone(pixel_values=teacher.view(images))
+    expected = stages.intermediate_hidden_states[2]
+    torch.testing.assert_close(teacher(images).features, expected, **EXACT)
