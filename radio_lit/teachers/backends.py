@@ -14,8 +14,8 @@ from radio_lit.teachers.loading import TeacherDtype, cast
 from radio_lit.teachers.timm_teacher import build_timm, timm_layout, timm_tokens
 from radio_lit.teachers.tokens import TokenTeacher
 from radio_lit.teachers.transformers_teacher import (
-    _side,
     build_transformers,
+    square_side,
     transformers_layout,
     transformers_tokens,
 )
@@ -79,7 +79,7 @@ class TwoBackendTeacher(TokenTeacher):
                 name, model, pretrained, kwargs, trust_remote_code, self.model_types, dtype
             )
             layout = transformers_layout(name, model, config, resolution, "cls", None, None)
-            self._native = _side(config.image_size)
+            self._native = square_side(config.image_size)
         else:
             raise ValueError(f"unknown backend {backend!r}; use 'timm' or 'transformers'.")
         super().__init__(layout, follow_student)

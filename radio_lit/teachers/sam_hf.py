@@ -24,7 +24,12 @@ from transformers import (
 
 from radio_lit.teachers.canvas import CanvasTeacher
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
-from radio_lit.teachers.transformers_teacher import LOCAL_HINT, PIXEL_STATS, is_model_type
+from radio_lit.teachers.transformers_teacher import (
+    LOCAL_HINT,
+    PIXEL_STATS,
+    is_model_type,
+    square_side,
+)
 
 
 class _HFCanvasTeacher(CanvasTeacher):
@@ -114,8 +119,8 @@ class SAM2Teacher(_HFCanvasTeacher):
         stages = len(hiera.blocks_per_stage)
         if not 0 <= level < stages:
             raise ValueError(f"SAM2Teacher level {level} is no Hiera stage; use 0 to {stages - 1}.")
-        canvas = _first(hiera.image_size)
-        stride = _first(hiera.patch_stride) * _first(hiera.query_stride) ** min(
+        canvas = square_side(hiera.image_size)
+        stride = square_side(hiera.patch_stride) * square_side(hiera.query_stride) ** min(
             level, hiera.num_query_pool_stages
         )
         mean, std = PIXEL_STATS["sam2_vision_model"]
@@ -175,7 +180,7 @@ class SAM3Teacher(_HFCanvasTeacher):
     ) -> None:
         encoder = self._load(model, pretrained, dict(model_kwargs or {}), dtype)
         vit = encoder.config.backbone_config
-        canvas, patch = _first(vit.image_size), _first(vit.patch_size)
+        canvas, patch = square_side(vit.image_size), square_side(vit.patch_size)
         mean, std = PIXEL_STATS["sam3_vision_model"]
         super().__init__(resolution or canvas, canvas, patch, mean, std, follow_student, mosaic)
         self.model = encoder.backbone  # the FPN neck is not run
@@ -191,8 +196,3 @@ class SAM3Teacher(_HFCanvasTeacher):
         tokens = self.model(pixel_values=images).last_hidden_state
         side = images.shape[-1] // self.patch_size
         return tokens.reshape(len(images), side, side, -1)
-
-
-def _first(value: int | list[int] | tuple[int, ...]) -> int:
-    """An int, or the first of a (square) pair."""
-    return value if isinstance(value, int) else int(value[0])

@@ -53,9 +53,6 @@ class TimmTeacher(TokenTeacher):
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
     """
 
-    #: Name used in error messages (presets override it).
-    teacher_name = "TimmTeacher"
-
     def __init__(
         self,
         model: str,
@@ -72,10 +69,9 @@ class TimmTeacher(TokenTeacher):
         kwargs = dict(model_kwargs or {})
         if follow_student:
             kwargs["dynamic_img_size"] = True
-        net = build_timm(self.teacher_name, model, pretrained, checkpoint, resolution, kwargs)
-        super().__init__(
-            timm_layout(self.teacher_name, net, model, summary, mean, std), follow_student
-        )
+        name = type(self).__name__
+        net = build_timm(name, model, pretrained, checkpoint, resolution, kwargs)
+        super().__init__(timm_layout(name, net, model, summary, mean, std), follow_student)
         self.model = cast(net, dtype)
         self.freeze()
 

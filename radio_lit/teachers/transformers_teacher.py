@@ -104,10 +104,6 @@ class TransformersTeacher(TokenTeacher):
         dtype: teacher precision (``bfloat16``...); outputs stay float32.
     """
 
-    teacher_name = "TransformersTeacher"
-    #: Model types this class runs (``None``: any); presets narrow it.
-    model_types: tuple[str, ...] | None = None
-
     def __init__(
         self,
         model: str,
@@ -121,21 +117,14 @@ class TransformersTeacher(TokenTeacher):
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
     ) -> None:
+        name = type(self).__name__
         net, config = build_transformers(
-            self.teacher_name,
-            model,
-            pretrained,
-            dict(model_kwargs or {}),
-            trust_remote_code,
-            self.model_types,
-            dtype,
+            name, model, pretrained, dict(model_kwargs or {}), trust_remote_code, None, dtype
         )
-        layout = transformers_layout(
-            self.teacher_name, model, config, resolution, summary, mean, std
-        )
+        layout = transformers_layout(name, model, config, resolution, summary, mean, std)
         super().__init__(layout, follow_student)
         self.model = net
-        self._native = _side(config.image_size)
+        self._native = square_side(config.image_size)
         self.freeze()
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -167,8 +156,8 @@ def transformers_layout(
     """The :class:`TokenLayout` of a transformers vision model from its config."""
     stats = pixel_stats(teacher, model, config, mean, std)
     return TokenLayout(
-        resolution=resolution or _side(config.image_size),
-        patch_size=_side(config.patch_size),
+        resolution=resolution or square_side(config.image_size),
+        patch_size=square_side(config.patch_size),
         mean=tuple(stats[0]),
         std=tuple(stats[1]),
         feature_dim=config.hidden_size,
@@ -188,7 +177,7 @@ def prefix_tokens(config: PretrainedConfig) -> int | None:
     return None
 
 
-def _side(size: int | tuple[int, int] | list[int]) -> int:
+def square_side(size: int | tuple[int, int] | list[int]) -> int:
     """One side of a square size given as an int or a pair."""
     if isinstance(size, int):
         return size
