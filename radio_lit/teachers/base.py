@@ -63,7 +63,8 @@ class Teacher(nn.Module):
         if resolution % patch_size:
             raise ValueError(
                 f"{type(self).__name__}: resolution {resolution} is not a multiple of the "
-                f"patch size {patch_size}; pick a resolution divisible by {patch_size}."
+                f"patch size {patch_size}; the nearest valid one is "
+                f"{nearest_multiple(resolution, patch_size)}."
             )
         self.resolution = resolution
         self.patch_size = patch_size
@@ -130,5 +131,20 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def forward(self, crop: Tensor, size: tuple[int, int] | None = None) -> TeacherOutput:
         """Crop ``[B, 3, h, w]`` in ``[0, 1]`` -> :class:`TeacherOutput` (no grad); ``size``
-        is the view's ``(H, W)`` (default: the native resolution, see :meth:`view_size`)."""
-        return self.encode(self.view(crop, size))
+        is the view's ``(H, W)`` (default: the native resolution, see :meth:`view_size`).
+
+        A teacher held in a lower precision (``dtype: bfloat16``) gets its view in that
+        precision and returns float32 outputs, so the targets' statistics are unaffected.
+        """
+        view = self.view(crop, size)
+        weight = next(self.parameters(), None)
+        if weight is None or weight.dtype in (torch.float32, torch.float64):
+            return self.encode(view)
+        out = self.encode(view.to(weight.dtype))
+        summary = None if out.summary is None else out.summary.float()
+        return TeacherOutput(summary=summary, features=out.features.float())
+
+
+def nearest_multiple(value: int, step: int) -> int:
+    """The positive multiple of ``step`` closest to ``value`` (ties go up)."""
+    return max(step, (value + step // 2) // step * step)

@@ -1,7 +1,9 @@
-"""CLIP-family teachers from open_clip: DFN CLIP, SigLIP, OpenAI CLIP (AM-RADIO 3.4 and 4).
+"""CLIP-family teachers from open_clip: DFN CLIP, SigLIP, SigLIP2, OpenAI CLIP (AM-RADIO 3.4
+and 4; C-RADIOv3/v4 distill SigLIP2).
 
 The summary is the image embedding that zero-shot classification uses, the dense features are
 the patch tokens of the last block after the tower's final norm (prefix tokens dropped).
+Pixel statistics follow the architecture, whatever the weights' source (:func:`pixel_stats`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,31 @@ from typing import Any
 
 import open_clip
 import open_clip.factory
+import torch
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 
 from radio_lit.teachers._errors import unknown_name
 from radio_lit.teachers.base import Teacher, TeacherOutput
+from radio_lit.teachers.loading import (
+    TeacherDtype,
+    assigning_loads,
+    cast,
+    download_errors,
+    materialize,
+)
 
 
 class OpenCLIPTeacher(Teacher):
     """Frozen open_clip image tower; any open_clip model with a ViT image tower.
 
     AM-RADIO section 4 uses DFN CLIP ``ViT-H-14-378-quickgelu`` (``dfn5b``) and OpenAI CLIP
-    ``ViT-L-14-336`` (``openai``); PHI-S adds SigLIP ``ViT-SO400M-14-SigLIP-384`` (``webli``).
+    ``ViT-L-14-336`` (``openai``); PHI-S adds SigLIP ``ViT-SO400M-14-SigLIP-384`` (``webli``);
+    C-RADIOv4 distills SigLIP2 ``ViT-gopt-16-SigLIP2-384`` (``webli``; also
+    ``ViT-B-16-SigLIP2``, ``ViT-SO400M-16-SigLIP2-384``...: ``open_clip.list_models()``).
+    SigLIP/SigLIP2 have no class token: the summary is the attention-pool (MAP) embedding
+    ``encode_image`` returns, the features the trunk's normed patch tokens before the pool.
 
     Outputs for a view ``[B, 3, R, R]``:
 
@@ -51,12 +65,14 @@ class OpenCLIPTeacher(Teacher):
             image size rounded down to whole patches (SigLIP-384 with 14 px patches: 378, the
             27x27 patches its convolution sees). Another value rebuilds the tower at that size
             (open_clip interpolates the position embedding).
-        mean: pixel mean (0-1 scale); default from the model's preprocess config, i.e. the
-            pretrained tag's. A local checkpoint file gets open_clip's default (OpenAI) mean,
-            so give SigLIP's ``(0.5, 0.5, 0.5)`` here when loading SigLIP from a file.
+        mean: pixel mean (0-1 scale); default the architecture's (:func:`pixel_stats`):
+            SigLIP/SigLIP2 ``0.5``, OpenAI CLIP's for OpenAI-style towers, also when the
+            weights come from a local file.
         std: pixel std, as ``mean``.
         keep_text: keep the whole CLIP model (text tower included) in :attr:`clip`; by default
-            only the image tower is kept.
+            only the image tower is kept (and, with a local ``pretrained`` file, the model is
+            built on the meta device and the file's tensors assigned: one copy in memory).
+        dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
     """
 
     def __init__(
@@ -68,20 +84,22 @@ class OpenCLIPTeacher(Teacher):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         keep_text: bool = False,
+        dtype: TeacherDtype | None = None,
     ) -> None:
-        model, embed_dim = _create_clip(model_name, pretrained, model_cfg, resolution)
+        model, embed_dim = _create_clip(model_name, pretrained, model_cfg, resolution, keep_text)
         visual = model.visual
         side, patch_size, width = _tower_geometry(visual)
         if resolution is None:
             side = _whole_patches(visual, side, patch_size)
-        preprocess = open_clip.get_model_preprocess_cfg(model)
+        stats = pixel_stats(model_name, pretrained, model_cfg, model)
         super().__init__(
             resolution=side,
             patch_size=patch_size,
-            mean=mean if mean is not None else preprocess["mean"],
-            std=std if std is not None else preprocess["std"],
+            mean=mean if mean is not None else stats[0],
+            std=std if std is not None else stats[1],
         )
-        self.model = visual
+        model = cast(model, dtype)
+        self.model = model.visual
         self.clip = model if keep_text else None
         self._feature_dim = width
         self._summary_dim = embed_dim
@@ -109,8 +127,14 @@ def _create_clip(
     pretrained: str | None,
     model_cfg: dict[str, Any] | None,
     resolution: int | None,
+    keep_text: bool = False,
 ) -> tuple[nn.Module, int]:
-    """Build the open_clip model and return it with its embedding dim (the summary dim)."""
+    """Build the open_clip model and return it with its embedding dim (the summary dim).
+
+    A local weights file (not big_vision ``.npz``) for the image tower alone is loaded by
+    open_clip's ``load_checkpoint`` (its key conversions) into a meta-built model whose
+    parameters it assigns; the text tower, never materialized, is dropped by the caller.
+    """
     schema = model_name.startswith(("hf-hub:", "local-dir:"))  # config and weights elsewhere
     # open_clip spells built-in names with "-" ("ViT-B/32" is "ViT-B-32")
     name = model_name if schema else model_name.replace("/", "-")
@@ -136,11 +160,58 @@ def _create_clip(
             f"model {model_name!r} (tags: {open_clip.list_pretrained_tags_by_model(name)})."
         )
     config = model_cfg if model_cfg is not None else open_clip.get_model_config(name)
-    with _registered_config(name, model_cfg):
+    from_file = pretrained is not None and os.path.isfile(pretrained)
+    if from_file and not keep_text and not pretrained.endswith((".npz", ".npy")):
+        with _registered_config(name, model_cfg), torch.device("meta"):
+            model = open_clip.create_model(model_name, force_image_size=resolution, device="meta")
+        with assigning_loads(model):
+            open_clip.load_checkpoint(model, pretrained, weights_only=True)
+        materialize(model.visual)
+        return model, config["embed_dim"]
+    hint = (
+        "On an offline machine give a local checkpoint file as pretrained (set HF_HUB_OFFLINE=1 "
+        "so that a missing download fails at once)."
+    )
+    with _registered_config(name, model_cfg), download_errors("OpenCLIPTeacher", model_name, hint):
         model = open_clip.create_model(  # weights as tensors only, never pickled code
             model_name, pretrained=pretrained, force_image_size=resolution, weights_only=True
         )
     return model, config["embed_dim"]
+
+
+def pixel_stats(
+    model_name: str, pretrained: str | None, model_cfg: dict[str, Any] | None, model: nn.Module
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Pixel ``(mean, std)`` of the architecture, whatever the weights' source.
+
+    open_clip sets a model's preprocess config from its pretrained tag, or from the config of
+    an ``hf-hub:`` / ``local-dir:`` model; for a local weights file or random weights it falls
+    back to OpenAI CLIP's statistics, wrong for SigLIP/SigLIP2 (0.5, 0.5). Here the fallback
+    is the architecture's: the statistics all pretrained tags of ``model_name`` share (e.g.
+    ``webli`` for ``ViT-gopt-16-SigLIP2-384``), else those of a timm trunk's
+    ``pretrained_cfg`` (timm's SigLIP ViTs: 0.5), else open_clip's (OpenAI's).
+    """
+    preprocess = open_clip.get_model_preprocess_cfg(model)
+    own = (tuple(preprocess["mean"]), tuple(preprocess["std"]))
+    name = model_name.replace("/", "-")
+    if model_name.startswith(("hf-hub:", "local-dir:")) or (
+        pretrained is not None and not os.path.isfile(pretrained)
+    ):
+        return own  # the tag's or the hub config's own statistics
+    if model_cfg is None:
+        tagged = {
+            (tuple(cfg.get("mean", own[0])), tuple(cfg.get("std", own[1])))
+            for cfg in (
+                open_clip.get_pretrained_cfg(name, tag)
+                for tag in open_clip.list_pretrained_tags_by_model(name)
+            )
+        }
+        if len(tagged) == 1:
+            return tagged.pop()
+    if isinstance(model.visual, TimmModel):
+        cfg = model.visual.trunk.pretrained_cfg
+        return tuple(cfg["mean"]), tuple(cfg["std"])
+    return own
 
 
 @contextmanager

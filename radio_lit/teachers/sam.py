@@ -14,15 +14,19 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
-import torch
-import torch.nn.functional as F
 from segment_anything import sam_model_registry
 from segment_anything.modeling import ImageEncoderViT
 from torch import Tensor, nn
 
 from radio_lit.teachers._errors import require_file, unknown_name
-from radio_lit.teachers.base import Teacher, TeacherOutput
-from radio_lit.teachers.mosaic import mosaic_layout, pack, unpack
+from radio_lit.teachers.canvas import CanvasTeacher
+from radio_lit.teachers.loading import (
+    TeacherDtype,
+    assign_weights,
+    build_on_meta,
+    cast,
+    read_state_dict,
+)
 
 #: SAM's pixel normalization (``Sam.pixel_mean`` / ``pixel_std``) on the 0-1 scale.
 SAM_MEAN = (123.675 / 255, 116.28 / 255, 103.53 / 255)
@@ -38,7 +42,7 @@ _GET_WEIGHTS = (
 )
 
 
-class SAMTeacher(Teacher):
+class SAMTeacher(CanvasTeacher):
     """Frozen SAM ViTDet image encoder; features before the neck, no summary.
 
     AM-RADIO section 4 distills SAM ViT-H at 1024 px. A view ``[B, 3, H, W]`` with
@@ -56,17 +60,16 @@ class SAMTeacher(Teacher):
     Args:
         model_type: ``"vit_b"``, ``"vit_l"`` or ``"vit_h"``.
         checkpoint: SAM checkpoint file (the official ``sam_vit_*.pth`` or any state dict with
-            ``image_encoder.*`` keys); ``None`` leaves random weights (tests, benchmarks).
+            ``image_encoder.*`` keys); the encoder is then built on the meta device and the
+            file's tensors assigned. ``None`` leaves random weights (tests, benchmarks).
         resolution: side of the view in pixels, at most the encoder's ``img_size`` (default).
         encoder_kwargs: keyword arguments of ``segment_anything.modeling.ImageEncoderViT``.
         follow_student: take the student's view (side ``student grid x 16``) instead of
             ``resolution``, e.g. for a multi-resolution student; it must fit in ``img_size``.
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3) instead of padding
             each view alone.
+        dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
     """
-
-    has_summary = False
-    interpolatable = False
 
     def __init__(
         self,
@@ -76,25 +79,29 @@ class SAMTeacher(Teacher):
         encoder_kwargs: dict[str, Any] | None = None,
         follow_student: bool = False,
         mosaic: bool = False,
+        dtype: TeacherDtype | None = None,
     ) -> None:
-        encoder = _build_encoder(model_type, encoder_kwargs)
         if checkpoint is not None:
+            encoder = build_on_meta(lambda: _build_encoder(model_type, encoder_kwargs))
             _load_encoder_weights(encoder, checkpoint)
-        elif model_type is not None:
-            warnings.warn(
-                f"SAMTeacher({model_type!r}) has random weights. {_GET_WEIGHTS}", stacklevel=2
-            )
-        resolution = resolution or encoder.img_size
-        if resolution > encoder.img_size:
-            raise ValueError(
-                f"SAMTeacher resolution {resolution} exceeds the encoder's input size "
-                f"{encoder.img_size}; views are padded up to it, never shrunk."
-            )
+        else:
+            encoder = _build_encoder(model_type, encoder_kwargs)
+            if model_type is not None:
+                warnings.warn(
+                    f"SAMTeacher({model_type!r}) has random weights. {_GET_WEIGHTS}", stacklevel=2
+                )
         patch = encoder.patch_embed.proj.kernel_size[0]
-        super().__init__(resolution, patch, SAM_MEAN, SAM_STD, follow_student)
-        self.mosaic = mosaic
+        super().__init__(
+            resolution or encoder.img_size,
+            encoder.img_size,
+            patch,
+            SAM_MEAN,
+            SAM_STD,
+            follow_student,
+            mosaic,
+        )
         encoder.neck = nn.Identity()  # features are taken before the neck
-        self.model = encoder
+        self.model = cast(encoder, dtype)
         self._feature_dim = encoder.patch_embed.proj.out_channels
         self.freeze()
 
@@ -102,30 +109,9 @@ class SAMTeacher(Teacher):
     def feature_dim(self) -> int:
         return self._feature_dim
 
-    @property
-    def summary_dim(self) -> None:
-        return None
-
-    def encode(self, view: Tensor) -> TeacherOutput:
-        """``[B, 3, H, W]`` -> features ``[B, H/16, W/16, C]`` via pad-and-crop or mosaic."""
-        height, width = view.shape[-2:]
-        canvas = self.model.img_size
-        if height > canvas or width > canvas or height % self.patch_size or width % self.patch_size:
-            raise ValueError(
-                f"SAMTeacher got a {height}x{width} px view; SAM's encoder takes multiples of "
-                f"{self.patch_size} px up to {canvas} px (a student resolution above {canvas} "
-                "cannot be matched against SAM without interpolation)"
-            )
-        if self.mosaic and height == width:
-            layout = mosaic_layout(height, canvas, self.patch_size)
-            if layout.k > 1:
-                features = self.model(pack(view, layout)).permute(0, 2, 3, 1)
-                return TeacherOutput(summary=None, features=unpack(features, layout, len(view)))
-        # zeros = the mean pixel after normalization
-        padded = F.pad(view, (0, canvas - width, 0, canvas - height))
-        tokens = self.model(padded).permute(0, 2, 3, 1)  # [B, img/16, img/16, C]
-        rows, cols = height // self.patch_size, width // self.patch_size
-        return TeacherOutput(summary=None, features=tokens[:, :rows, :cols])
+    def encode_canvas(self, images: Tensor) -> Tensor:
+        """``[B, 3, img_size, img_size]`` -> last block's tokens ``[B, img/16, img/16, C]``."""
+        return self.model(images).permute(0, 2, 3, 1)
 
 
 def _build_encoder(
@@ -150,11 +136,12 @@ def _build_encoder(
 
 
 def _load_encoder_weights(encoder: ImageEncoderViT, checkpoint: str) -> None:
-    """Load the ``image_encoder.*`` entries of a SAM checkpoint into ``encoder`` (strict)."""
+    """Assign the ``image_encoder.*`` entries of a SAM checkpoint to the meta-built ``encoder``
+    (strict)."""
     file = require_file(checkpoint, "SAM checkpoint", _GET_WEIGHTS)
-    state = torch.load(file, map_location="cpu", weights_only=True)
+    state = read_state_dict(file)
     prefix = "image_encoder."
     encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     if not encoder_state:
         raise ValueError(f"{str(file)!r} has no image_encoder.* weights; is it a SAM checkpoint?")
-    encoder.load_state_dict(encoder_state)
+    assign_weights(encoder, encoder_state)

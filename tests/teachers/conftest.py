@@ -12,7 +12,10 @@ from radio_lit.teachers import Teacher
 from tests.teachers.tiny import (
     tiny_clip_teacher,
     tiny_dinov2_teacher,
+    tiny_dinov3_teacher,
     tiny_hf_dinov2_teacher,
+    tiny_hf_siglip_teacher,
+    tiny_sam3_teacher,
     tiny_sam_teacher,
     tiny_siglip_teacher,
 )
@@ -23,6 +26,9 @@ TINY_BUILDERS: dict[str, Callable[[], Teacher]] = {
     "dinov2_timm": tiny_dinov2_teacher,
     "dinov2_hf": tiny_hf_dinov2_teacher,
     "sam": tiny_sam_teacher,
+    "dinov3_timm": tiny_dinov3_teacher,
+    "siglip_hf": tiny_hf_siglip_teacher,
+    "sam3_hf": tiny_sam3_teacher,
 }
 
 
