@@ -34,6 +34,7 @@ from radio_lit.grid import GridPolicy, check_policies, loss_grid, resample
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
+from radio_lit.normalizers.statistics import accumulate_statistics, share_statistics
 from radio_lit.partitions import Chunk, Partition, PartitionPlan
 from radio_lit.students import CPEViT, TeacherHeads, shard_student
 from radio_lit.students.spectral_reparam import SPECTRAL_SCALE, request_power_iteration
@@ -322,6 +323,17 @@ class DistillationModule(pl.LightningModule):
             log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
         self.load_state_dict(weights, strict=False)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Every rank, before rank 0 writes: the accumulators of teachers that rank 0 does not
+        run reach it from their groups (between refits only the group holds them)."""
+        share_statistics(self.normalizers, self.partitions.sources)
+        state = checkpoint["state_dict"]
+        for name in self.partitions.sources:
+            prefix = f"normalizers.{name}."
+            for key, buffer in self.normalizers[name].state_dict(prefix=prefix).items():
+                if key in state:
+                    state[key] = buffer.clone()
+
     # -- distributed --------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """Place the partitions on this run's ranks; give each teacher's normalizer the
@@ -454,22 +466,11 @@ class DistillationModule(pl.LightningModule):
         process group) and, on refit steps, recomputes its transform, so targets use the
         current estimate; ranks that do not run a teacher then receive its state.
         """
-        if self.estimate_statistics or self.refit_statistics:
-            for name, normalizer in self.normalizers.items():
-                rows = [
-                    o[name].features.float().reshape(-1, normalizer.dim)
-                    for o in outputs
-                    if name in o
-                ]
-                if not rows:
-                    continue
-                if self.estimate_statistics:
-                    normalizer.update(torch.cat(rows))
-                if self.refit_statistics:
-                    normalizer.fit()
-            if self.refit_statistics:
-                for name, source in self.partitions.sources.items():
-                    self.normalizers[name].broadcast_state(source)
+        if self.estimate_statistics:
+            features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
+            accumulate_statistics(
+                self.normalizers, features, self.refit_statistics, self.partitions.sources
+            )
         return [
             {name: self.normalizers[name](out.features.float()) for name, out in chunk.items()}
             for chunk in outputs
@@ -532,14 +533,20 @@ class DistillationModule(pl.LightningModule):
             for c in chunks
         ]
         targets = self.normalized_targets(outputs)
-        loss, losses = self._idle_heads_term(stage), {}
+        losses: dict[str, Tensor] = {}
+        chunk_terms = []
         for chunk, out, target in zip(chunks, outputs, targets, strict=True):
             matches = self.match(chunk.crop, out, target, chunk.resolution)
             terms = self.distillation_losses(matches, per_sample=self.balancer.per_sample)
-            loss = loss + chunk.weight * self.balancer(terms)
+            chunk_terms.append(terms)
             losses.update(self._chunk_keys(chunk, terms, len(chunks)))
             if stage != "train":
                 self.metrics[stage].update(matches, self.normalizers)
+        if stage == "train":  # once per step on every rank, whatever its number of chunks
+            self.balancer.observe(chunk_terms, [c.fraction for c in chunks])
+        loss = self._idle_heads_term(stage)
+        for chunk, terms in zip(chunks, chunk_terms, strict=True):
+            loss = loss + chunk.weight * self.balancer(terms)
         if stage == "train" and not self._logs_this_step():
             return loss
         sync = stage != "train"

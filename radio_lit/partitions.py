@@ -70,6 +70,9 @@ class Chunk:
         teachers: the teachers to run, in ``model.teachers`` order.
         resolution: ``(H, W)`` of the student's view this step.
         weight: the factor on this chunk's loss (``s_p W / |R_p|`` in training).
+        fraction: this rank's share of the partition's batch, ``1 / |R_p|`` in training (1 in
+            evaluation), so that per-step averages over chunks (AdaLoss) count each partition
+            once whatever the number of ranks it is split over.
     """
 
     partition: str
@@ -77,6 +80,7 @@ class Chunk:
     teachers: tuple[str, ...]
     resolution: tuple[int, int]
     weight: float
+    fraction: float = 1.0
 
 
 def assign_ranks(shares: Sequence[float], world_size: int) -> list[list[int]]:
@@ -269,7 +273,10 @@ class PartitionPlan:
                 )
             pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
-            chunks.append(Chunk(name, crop[start:stop], self.members[name], sizes[pick], weight))
+            part_crop = crop[start:stop]
+            chunks.append(
+                Chunk(name, part_crop, self.members[name], sizes[pick], weight, 1 / len(ranks))
+            )
             start = stop
         return chunks
 

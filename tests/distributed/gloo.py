@@ -13,10 +13,15 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_gloo_workers(worker: Path, tmp_path: Path, *args: str, world_size: int = 2) -> list[Any]:
+def run_gloo_workers(
+    worker: Path, tmp_path: Path, *args: str, world_size: int = 2, returncode: int = 0
+) -> list[Any]:
     """Run ``python worker <rank> <world_size> <init file> *args <out>`` once per rank, all at
     once (they meet in ``torch.distributed`` over gloo through the init file), and return what
-    each rank saved to its ``out`` with ``torch.save``, in rank order."""
+    each rank saved to its ``out`` with ``torch.save``, in rank order.
+
+    Every rank must exit with ``returncode`` (e.g. ``-9``: each killed itself with SIGKILL,
+    and nothing is returned)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     outputs = [tmp_path / f"rank{rank}.pt" for rank in range(world_size)]
@@ -33,5 +38,7 @@ def run_gloo_workers(worker: Path, tmp_path: Path, *args: str, world_size: int =
     ]
     for rank, process in enumerate(workers):
         _, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, f"rank {rank} failed:\n{stderr}"
-    return [torch.load(out) for out in outputs]
+        assert process.returncode == returncode, (
+            f"rank {rank} exited {process.returncode}:\n{stderr}"
+        )
+    return [torch.load(out) for out in outputs] if returncode == 0 else []

@@ -30,7 +30,7 @@ def main(rank: int, world_size: int, init_file: str, source: str, output: str) -
     values = metrics.compute()
 
     balancer = AdaLoss(TERMS, momentum=0.5)
-    balancer(data["losses"][rank])
+    balancer.observe([data["losses"][rank]], [1.0])
     torch.save({"values": values, "average": balancer.average, "seen": balancer.seen}, output)
     dist.destroy_process_group()
 
