@@ -20,7 +20,7 @@ from torch import Tensor
 
 from radio_lit.normalizers.base import Normalizer
 
-__all__ = ["accumulate_statistics", "share_statistics"]
+__all__ = ["accumulate_statistics", "complete_checkpoint", "share_statistics"]
 
 
 def accumulate_statistics(
@@ -60,3 +60,16 @@ def share_statistics(normalizers: Mapping[str, Normalizer], sources: Mapping[str
     """
     for name, source in sources.items():
         normalizers[name].broadcast_state(source)
+
+
+def complete_checkpoint(
+    normalizers: Mapping[str, Normalizer], sources: Mapping[str, int], state: dict[str, Tensor]
+) -> None:
+    """Before a checkpoint is written (every rank, together): :func:`share_statistics`, then
+    put the shared buffers into the checkpoint's ``state`` (keys ``normalizers.<name>.*``)."""
+    share_statistics(normalizers, sources)
+    for name in sources:
+        prefix = f"normalizers.{name}."
+        for key, buffer in normalizers[name].state_dict(prefix=prefix).items():
+            if key in state:
+                state[key] = buffer.clone()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radio_lit.metrics import DistillationMetrics, ErrorVarianceRange, Fidelity, SummaryCosine
-from radio_lit.module import TeacherMatch
+from radio_lit.step import TeacherMatch
 from radio_lit.normalizers import Identity, Standardize
 
 # Teacher features Y [4 samples, 2 channels]: channel 0 is 0, 2, 0, 2 (mean 1, variance 1);

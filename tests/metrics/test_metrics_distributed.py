@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from radio_lit.metrics import DistillationMetrics
-from radio_lit.module import TeacherMatch
+from radio_lit.step import TeacherMatch
 from radio_lit.normalizers import Identity, Normalizer, Standardize
 from tests.distributed.gloo import run_gloo_workers
 
