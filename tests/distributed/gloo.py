@@ -21,7 +21,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 #: Imported once by the fork server; every worker's own imports are among these.
-PRELOAD = ["torch", "lightning.pytorch", "radio_lit.module", "radio_lit.callbacks", "tests.builders"]
+PRELOAD = [
+    "torch",
+    "lightning.pytorch",
+    "radio_lit.module",
+    "radio_lit.callbacks",
+    "tests.builders",
+]
 TIMEOUT_S = 120
 
 _CONTEXT = multiprocessing.get_context("forkserver")
