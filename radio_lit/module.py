@@ -1,20 +1,15 @@
 """DistillationModule: one LightningModule per training stage (AM-RADIO sections 3-4; PHI-S 2).
 
-The data's way through a step (DESIGN.md): one uint8 crop batch arrives; the student and
-every teacher get their own view of it; frozen teachers return ``summary [B, C_k]`` and
-``features [B, H_k, W_k, C_k]``; the teacher features are moved to the loss grid (grid
-policy, :mod:`radio_lit.grid`); teacher k's normalizer optionally updates its statistics on
-that grid and maps the features to the normalized target space; the student's tokens go
-through teacher k's adaptor heads, the feature map is moved to the same grid, and the
-balancer (``model.balancer``) combines all teachers' loss terms for one backward. With
-partitions (:mod:`radio_lit.partitions`) a rank runs its partitions' teachers on their slices
-of the batch, each at a student resolution drawn for the step. Validation and test steps also
-update the metrics (:mod:`radio_lit.metrics`), logged at the end of the epoch.
+It orchestrates: each step's logic lives in the component named for it (DESIGN.md, "One
+training step"): views and partitions (:mod:`radio_lit.partitions`), teachers, grid matching
+and heads (:mod:`radio_lit.step`), normalizers and their statistics
+(:mod:`radio_lit.normalizers.statistics`), losses and balancers (:mod:`radio_lit.losses`),
+metrics and logging (:mod:`radio_lit.metrics`), the optimizer (:mod:`radio_lit.optim`),
+sharding (:mod:`radio_lit.students.sharding`) and checkpoints (:mod:`radio_lit.export`).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,19 +19,23 @@ from torch import Tensor, nn
 
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.export import module_inference_model
-from radio_lit.export.checkpoint import student_weights
-from radio_lit.grid import GridPolicy, check_policies
+from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
+from radio_lit.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.metrics import DistillationMetrics
-from radio_lit.metrics.logging import logs_this_step, step_logs
+from radio_lit.metrics.logging import epoch_logs, logs_this_step, step_logs
 from radio_lit.normalizers import Identity, Normalizer
-from radio_lit.normalizers.statistics import accumulate_statistics, complete_checkpoint
+from radio_lit.normalizers.statistics import (
+    accumulate_statistics,
+    complete_checkpoint,
+    statistics_ready,
+)
 from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
 from radio_lit.partitions import Partition, PartitionPlan, idle_heads_term
-from radio_lit.per_teacher import check_names, loss_terms, per_teacher
+from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
 from radio_lit.step import (
     TeacherMatch,
-    chunk_keys,
+    balanced_loss,
     distillation_losses,
     match_teachers,
     run_teachers,
@@ -50,10 +49,6 @@ from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
 
-# Teachers are frozen and in eval mode by design (radio_lit.teachers.Teacher.train).
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-
-_TEACHERS_PREFIX = "teachers."
 #: Modules and factories: recorded by the CLI's config.yaml, not in the checkpoint, so that
 #: checkpoints load with torch.load(weights_only=True).
 _NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
@@ -67,36 +62,24 @@ class DistillationModule(pl.LightningModule):
         student: the student backbone (a :class:`~radio_lit.students.CPEViT`).
         teachers: frozen teachers keyed by name (names key every per-teacher option).
         student_resolution: student input side, or ``(H, W)``; a multiple of its patch size.
-        student_mean: pixel mean of the student's input normalization; ``None`` takes the
-            student's own (``student.pixel_mean``: its timm pretrained config).
-        student_std: pixel std likewise (``student.pixel_std``).
-        normalizer: normalizer kind for every teacher's features, called with the feature
-            width to build one instance per teacher (PHI-S 2.2; ``Identity`` = MSE baseline).
+        student_mean: pixel mean of the student's input (``None``: ``student.pixel_mean``).
+        student_std: pixel std of the student's input (``None``: ``student.pixel_std``).
+        normalizer: normalizer kind of every teacher (PHI-S 2.2; ``Identity``: MSE baseline).
         normalizer_overrides: per-teacher normalizer kinds that replace ``normalizer``.
-        loss: feature loss (PHI-S eqs. 1-4), comparing the prediction with the normalized
-            target; ``MSE`` by default.
+        loss: feature loss (PHI-S eqs. 1-4) on the normalized target; ``MSE`` by default.
         summary_loss: summary loss; cosine distance by default (AM-RADIO eq. 2).
         feature_weights: per-teacher feature loss weights ``gamma_k`` (default 1).
-        summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1; teachers
-            without a summary, such as SAM, have none).
-        balancer: combines the weighted loss terms into the step's loss; called with the terms
-            ``{"<teacher>/<term>": weight}`` (``Weighted``: the naive sum, AM-RADIO 3.4.1;
-            ``AdaLoss``, ``Uncertainty``, ``TeacherDropping``: see radio_lit.losses).
-        optimizer: builds the optimizer from parameter groups of the student and heads only
-            (AdamW, LR 1e-3, weight decay 0.02 by default; e.g. ``timm.optim.Lamb`` for the
-            PHI-S recipe). Biases, norms, position embeddings and tokens get no weight decay;
-            σReparam scales always do (PHI-S A.7).
+        summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1).
+        balancer: combines the loss terms (``Weighted``, AM-RADIO 3.4.1; radio_lit.losses).
+        optimizer: built on :mod:`radio_lit.optim`'s parameter groups (AdamW, LR 1e-3).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
-        init_from: checkpoint of an earlier stage; only the student and head weights are
-            taken (fresh optimizer, schedule and teacher statistics; PHI-S A.7).
-        grid_policy: the grid every teacher's loss (and statistics) uses: ``"teacher"``
-            (RADIOv2.5 4.2), ``"student"`` (PHI-S 3) or ``"larger"`` (AM-RADIO 4); see
-            :mod:`radio_lit.grid`. SAM always keeps its own grid.
+        init_from: an earlier stage's checkpoint: student and head weights only (PHI-S A.7).
+        grid_policy: the grid of every teacher's loss and statistics: ``"teacher"``
+            (RADIOv2.5 4.2), ``"student"`` (PHI-S 3), ``"larger"`` (AM-RADIO 4); radio_lit.grid.
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
-        partitions: named teacher partitions with their own batch size, student
-            resolution(s) and share of the ranks (AM-RADIO 4, PHI-S 3); default one partition
-            with every teacher (RADIOv2.5 4.6). See :mod:`radio_lit.partitions`.
+        partitions: named teacher partitions with their own batch size, resolution(s) and
+            ranks (AM-RADIO 4, PHI-S 3; default: one, RADIOv2.5 4.6); radio_lit.partitions.
     """
 
     def __init__(
@@ -127,18 +110,7 @@ class DistillationModule(pl.LightningModule):
         self.save_hyperparameters(ignore=list(_NOT_HYPERPARAMETERS))
         self.student = student
         self.teachers = nn.ModuleDict(teachers)
-        self.student_resolution = (
-            (student_resolution, student_resolution)
-            if isinstance(student_resolution, int)
-            else tuple(student_resolution)
-        )
-        patch = student.patch_size
-        if any(side <= 0 or side % patch for side in self.student_resolution):
-            raise ValueError(
-                f"model.student_resolution {student_resolution} is not a positive multiple of "
-                f"the student's patch size {patch}; use e.g. "
-                f"{max(1, round(self.student_resolution[0] / patch)) * patch}"
-            )
+        self.student_resolution = student_input_size(student_resolution, student.patch_size)
         self.student_mean = tuple(student_mean or student.pixel_mean)
         self.student_std = tuple(student_std or student.pixel_std)
         self.feature_loss = loss if loss is not None else MSE()
@@ -153,10 +125,7 @@ class DistillationModule(pl.LightningModule):
         self.warmup_steps = warmup_steps
         self.min_lr_ratio = min_lr_ratio
 
-        overrides = check_names(normalizer_overrides or {}, names, "normalizer_overrides")
-        self.normalizers = nn.ModuleDict(
-            {n: overrides.get(n, normalizer)(t.feature_dim) for n, t in teachers.items()}
-        )
+        self.normalizers = teacher_normalizers(teachers, normalizer, normalizer_overrides)
         self.heads = teacher_heads(
             student.embed_dim, {n: (t.feature_dim, t.summary_dim) for n, t in teachers.items()}
         )
@@ -168,22 +137,13 @@ class DistillationModule(pl.LightningModule):
             {name: t.interpolatable for name, t in teachers.items()},
         )
         self.partitions = PartitionPlan(
-            partitions, list(teachers), self.student_resolution, student.patch_size
+            partitions, names, self.student_resolution, student.patch_size
         )
-        # Set each step by radio_lit.callbacks.TeacherStatsEstimation.
-        self.estimate_statistics = False
+        self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
-        self.register_load_state_dict_post_hook(self._ignore_teacher_weights)
+        self.register_load_state_dict_post_hook(ignore_teacher_weights)
         if init_from is not None:
             self.load_student_weights(init_from)
-
-    # -- checkpoints --------------------------------------------------------------------------
-    @staticmethod
-    def _ignore_teacher_weights(module: nn.Module, incompatible: Any) -> None:
-        """Teacher weights are never saved (they reload from their source): not missing."""
-        incompatible.missing_keys[:] = [
-            k for k in incompatible.missing_keys if not k.startswith(_TEACHERS_PREFIX)
-        ]
 
     def load_student_weights(self, checkpoint: str) -> None:
         """Take the student and head weights of an earlier stage's checkpoint (weights only;
@@ -192,11 +152,9 @@ class DistillationModule(pl.LightningModule):
         self.load_state_dict(weights, strict=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Every rank, before rank 0 writes: the accumulators of teachers that rank 0 does not
-        run reach it from their groups (between refits only the group holds them)."""
+        """Every rank: teachers' accumulators that rank 0 does not hold reach it, then it saves."""
         complete_checkpoint(self.normalizers, self.partitions.sources, checkpoint["state_dict"])
 
-    # -- distributed --------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """Place the partitions on this run's ranks; give each teacher's normalizer the
         process group of the ranks that run it (AM-RADIO 4, DESIGN.md "Distributed rules")."""
@@ -207,25 +165,20 @@ class DistillationModule(pl.LightningModule):
                 self.normalizers[name].set_process_group(group, source)
 
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``, shard the student (per block) and the heads (FSDP2).
-
-        Teachers stay replicated and unsharded; normalizer statistics stay float64 buffers
-        outside any mixed-precision policy (DESIGN.md, "Distributed rules").
-        """
+        """Under ``ModelParallelStrategy``, shard the student and heads (FSDP2; teachers stay
+        replicated, :func:`radio_lit.students.sharding.shard_for_training`)."""
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
             shard_for_training(self.student, self.heads.values(), self.balancer, mesh, bf16)
 
-    # -- optimization -------------------------------------------------------------------------
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""
         yield from self.student.named_parameters(prefix="student")
         yield from self.heads.named_parameters(prefix="heads")
         yield from self.balancer.named_parameters(prefix="balancer")
 
-    def parameter_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's named parameter groups (:func:`radio_lit.optim.parameter_groups`)."""
+    def parameter_groups(self) -> list[dict[str, Any]]:  # radio_lit.optim.parameter_groups
         return parameter_groups(self.trainable_parameters())
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -237,15 +190,13 @@ class DistillationModule(pl.LightningModule):
             self.min_lr_ratio,
         )
 
-    # -- the step -------------------------------------------------------------------------
     def run_teachers(
         self,
         crop: Tensor,
         teachers: tuple[str, ...] | None = None,
         student_resolution: tuple[int, int] | None = None,
     ) -> dict[str, TeacherOutput]:
-        """Frozen teachers (default: all) on their own views of the crop ``[B, 3, S, S]``
-        (:func:`radio_lit.step.run_teachers`; features on each teacher's own grid)."""
+        """Frozen teachers (default: all) on their own views of the crop ``[B, 3, S, S]``."""
         grid = self._student_grid(student_resolution)
         return run_teachers(self.teachers, crop, teachers or tuple(self.teachers), grid)
 
@@ -263,18 +214,13 @@ class DistillationModule(pl.LightningModule):
     def normalized_targets(
         self, outputs: Sequence[Mapping[str, TeacherOutput]]
     ) -> list[dict[str, Tensor]]:
-        """Teacher features in each normalizer's target space, one dict per chunk of the step
-        (``[{name: [B, H, W, C]}]``), after this step's statistics update while estimation is
-        on (:func:`radio_lit.normalizers.statistics.accumulate_statistics`)."""
+        """Teacher features ``[{name: [B, H, W, C]}]`` (one dict per chunk) in each normalizer's
+        target space, after this step's statistics update while estimation is on."""
+        features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
         if self.estimate_statistics:
-            features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
-            accumulate_statistics(
-                self.normalizers, features, self.refit_statistics, self.partitions.sources
-            )
-        return [
-            {name: self.normalizers[name](out.features.float()) for name, out in chunk.items()}
-            for chunk in outputs
-        ]
+            sources = self.partitions.sources
+            accumulate_statistics(self.normalizers, features, self.refit_statistics, sources)
+        return [{n: self.normalizers[n](f.float()) for n, f in chunk.items()} for chunk in features]
 
     def match(
         self,
@@ -283,8 +229,7 @@ class DistillationModule(pl.LightningModule):
         targets: Mapping[str, Tensor],
         student_resolution: tuple[int, int] | None = None,
     ) -> dict[str, TeacherMatch]:
-        """The student on its view of ``crop`` (default ``model.student_resolution``), and its
-        prediction of every teacher next to the target (:func:`radio_lit.step.match_teachers`)."""
+        """The student on its view of ``crop``: its prediction of every teacher by the target."""
         size = student_resolution or self.student_resolution
         student = self.student(teacher_view(crop, size, self.student_mean, self.student_std))
         return match_teachers(student, self.heads, outputs, targets, self.summary_token)
@@ -296,64 +241,48 @@ class DistillationModule(pl.LightningModule):
         return distillation_losses(matches, self.feature_loss, self.summary_loss, per_sample)
 
     def _shared_step(self, batch: Tensor, stage: str) -> Tensor:
-        crop = as_float_images(batch)
-        chunks = self.partitions.chunks(crop, train=stage == "train")
-        outputs = [
+        train = stage == "train"
+        crop = as_float_images(batch)  # data
+        chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
+        outputs = [  # teachers, on the loss grid
             self.on_loss_grid(self.run_teachers(c.crop, c.teachers, c.resolution), c.resolution)
             for c in chunks
         ]
-        targets = self.normalized_targets(outputs)
-        losses: dict[str, Tensor] = {}
-        chunk_terms = []
-        for chunk, out, target in zip(chunks, outputs, targets, strict=True):
-            matches = self.match(chunk.crop, out, target, chunk.resolution)
-            terms = self.distillation_losses(matches, per_sample=self.balancer.per_sample)
-            chunk_terms.append(terms)
-            losses.update(chunk_keys(chunk, terms, len(chunks)))
-            if stage != "train":
-                self.metrics[stage].update(matches, self.normalizers)
-        if stage == "train":  # once per step on every rank, whatever its number of chunks
-            self.balancer.observe(chunk_terms, [c.fraction for c in chunks])
-        idle = self.partitions.idle_teachers() if stage == "train" else []
-        loss = idle_heads_term(self.heads, idle, self.student.embed_dim).to(self.device)
-        for chunk, terms in zip(chunks, chunk_terms, strict=True):
-            loss = loss + chunk.weight * self.balancer(terms)
-        if stage == "train" and not logs_this_step(self._trainer):
-            return loss
-        sync = stage != "train"
-        batch_size = crop.shape[0]
-        self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=sync)
-        weights = self.balancer.effective_weights() if stage == "train" else None
-        self.log_dict(step_logs(stage, losses, weights), batch_size=batch_size, sync_dist=sync)
+        targets = self.normalized_targets(outputs)  # normalizers
+        matches = [  # student and heads
+            self.match(c.crop, out, target, c.resolution)
+            for c, out, target in zip(chunks, outputs, targets, strict=True)
+        ]
+        terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss
+        loss = balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
+        if train:  # every head in every rank's backward (DDP)
+            idle = self.partitions.idle_teachers()
+            loss = loss + idle_heads_term(self.heads, idle, self.student.embed_dim).to(loss)
+        else:
+            for chunk_matches in matches:  # metrics
+                self.metrics[stage].update(chunk_matches, self.normalizers)
+        if not train or logs_this_step(self._trainer):
+            size, weights = crop.shape[0], self.balancer.effective_weights() if train else None
+            self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=size, sync_dist=not train)
+            self.log_dict(
+                step_logs(stage, chunks, terms, weights), batch_size=size, sync_dist=not train
+            )
         return loss
 
-    def _log_metrics(self, stage: str) -> None:
-        """Log the epoch's ``<stage>/<teacher>/<metric>`` values (radio_lit.metrics)."""
-        metrics = self.metrics[stage]
-        if metrics.updated:
-            # Already reduced over all ranks by torchmetrics; the mean of equal values is a no-op.
-            values = {f"{stage}/{k}": v for k, v in metrics.compute().items()}
-            self.log_dict(values, sync_dist=True)
-        metrics.reset()
-
     def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
+        self.log_dict(epoch_logs("val", self.metrics["val"]), sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
+        self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         request_power_iteration(self.student)  # σReparam: one per step, not per forward
         return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:
-        if self.trainer.sanity_checking and not self.statistics_ready():
+        if self.trainer.sanity_checking and not statistics_ready(self.normalizers):
             return None  # a fresh stage has no teacher statistics before its first step
         return self._shared_step(batch, "val")
-
-    def statistics_ready(self) -> bool:
-        """Whether every normalizer can map targets (fitted, or needs no statistics)."""
-        return all(n.is_fitted or not n.requires_statistics for n in self.normalizers.values())
 
     def test_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         return self._shared_step(batch, "test")
@@ -362,15 +291,9 @@ class DistillationModule(pl.LightningModule):
         self._inference = None  # rebuilt from the current weights by the first predict_step
 
     def predict_step(self, batch: Tensor, batch_idx: int) -> dict[str, TeacherOutput]:
-        """The student's estimate of every teacher, in the teacher's original space.
-
-        Runs the exported inference model (:func:`radio_lit.export.module_inference_model`,
-        what ``radio-lit export`` writes and ``radio_lit.load`` returns: normalizers folded
-        into the feature heads, PHI-S A.6) on the crop resized to the student resolution.
-        Returns ``{"backbone": TeacherOutput(summary [B, D], features [B, h, w, D]),
-        name: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}``.
-        """
-        if getattr(self, "_inference", None) is None:
-            # A plain attribute, not a submodule: a folded copy, never trained or saved.
+        """Every teacher's estimate in its own space by the exported inference model
+        (:func:`radio_lit.export.module_inference_model`; normalizers folded, PHI-S A.6) at
+        the student resolution: ``{"backbone" | name: TeacherOutput}``."""
+        if getattr(self, "_inference", None) is None:  # a folded copy, not a (saved) submodule
             object.__setattr__(self, "_inference", module_inference_model(self))
         return self._inference(resize_view(as_float_images(batch), self.student_resolution))

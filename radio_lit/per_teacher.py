@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from torch import nn
+
+from radio_lit.normalizers import Normalizer
 from radio_lit.teachers import Teacher
 
 
@@ -39,3 +42,16 @@ def loss_terms(
         if teacher.summary_dim is not None:
             terms[f"{name}/summary_loss"] = summary_weights[name]
     return terms
+
+
+def teacher_normalizers(
+    teachers: Mapping[str, Teacher],
+    normalizer: Callable[[int], Normalizer],
+    overrides: Mapping[str, Callable[[int], Normalizer]] | None,
+) -> nn.ModuleDict:
+    """One normalizer per teacher, of the kind ``model.normalizer`` or the teacher's entry in
+    ``model.normalizer_overrides``, for its feature width (PHI-S 2.2)."""
+    kinds = check_names(overrides or {}, list(teachers), "normalizer_overrides")
+    return nn.ModuleDict(
+        {name: kinds.get(name, normalizer)(t.feature_dim) for name, t in teachers.items()}
+    )

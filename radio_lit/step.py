@@ -4,8 +4,9 @@ The data's way through (DESIGN.md): teachers on their own views of the crop
 (:func:`run_teachers`), their features moved to each loss grid (:func:`to_loss_grid`), the
 student's prediction of every teacher through its adaptor heads next to the normalized target
 (:func:`match_teachers`, a :class:`TeacherMatch` per teacher), and the per-teacher loss terms
-(:func:`distillation_losses`). ``DistillationModule`` calls these in order; metrics and
-callbacks take :class:`TeacherMatch` from here.
+(:func:`distillation_losses`), combined by the balancer (:func:`balanced_loss`).
+``DistillationModule`` calls these in order; metrics and callbacks take :class:`TeacherMatch`
+from here.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from radio_lit.data.views import resize_view
 from radio_lit.grid import GridPolicy, loss_grid, resample
+from radio_lit.losses import Balancer
 from radio_lit.partitions import Chunk
 from radio_lit.students import StudentOutput, TeacherHeads
 from radio_lit.teachers import Teacher, TeacherOutput
 
 __all__ = [
     "TeacherMatch",
-    "chunk_keys",
+    "balanced_loss",
     "distillation_losses",
     "match_teachers",
     "run_teachers",
@@ -134,7 +137,20 @@ def distillation_losses(
     return losses
 
 
-def chunk_keys(chunk: Chunk, terms: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
-    """Loss terms for logging: ``<teacher>/<term>``, prefixed by the partition's name when
-    the step has several chunks (a teacher may be in more than one)."""
-    return dict(terms) if count == 1 else {f"{chunk.partition}/{k}": v for k, v in terms.items()}
+def balanced_loss(
+    balancer: Balancer,
+    chunks: Sequence[Chunk],
+    terms: Sequence[Mapping[str, Tensor]],
+    observe: bool,
+) -> Tensor:
+    """The step's loss: each chunk's loss terms combined by the balancer, weighted by the
+    chunk's share of the update (``Chunk.weight``, :mod:`radio_lit.partitions`).
+
+    With ``observe`` (training), the balancer first sees every chunk's terms once for the
+    whole step (:meth:`radio_lit.losses.Balancer.observe`): one reduction per step on every
+    rank, whatever its number of chunks (DESIGN.md, "Distributed rules").
+    """
+    if observe:
+        balancer.observe(terms, [chunk.fraction for chunk in chunks])
+    losses = [chunk.weight * balancer(t) for chunk, t in zip(chunks, terms, strict=True)]
+    return torch.stack(losses).sum()

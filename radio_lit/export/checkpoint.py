@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Prefixes of the trained weights in a training checkpoint's ``state_dict``.
 STUDENT_PREFIXES = ("student.", "heads.")
+#: Prefix of the teachers' weights in the training module, which checkpoints leave out.
+TEACHER_PREFIX = "teachers."
 
 
 @dataclass
@@ -197,3 +199,11 @@ def checkpoint_inference_model(
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def ignore_teacher_weights(module: Any, incompatible: Any) -> None:
+    """A ``load_state_dict`` post-hook of the training module: teacher weights are never saved
+    in a checkpoint (they reload from their source), so ``teachers.*`` keys are not missing."""
+    incompatible.missing_keys[:] = [
+        k for k in incompatible.missing_keys if not k.startswith(TEACHER_PREFIX)
+    ]

@@ -1,11 +1,17 @@
-"""What a step logs, and when training metrics are logged (the logging throttle)."""
+"""What a step and an epoch log, and when training metrics are logged (the logging throttle).
+
+Only the LightningModule logs; these functions return the ``{tag: value}`` dicts it logs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
+
+from radio_lit.metrics.distillation import DistillationMetrics
+from radio_lit.partitions import Chunk
 
 
 def logs_this_step(trainer: Any) -> bool:
@@ -25,11 +31,27 @@ def logs_this_step(trainer: Any) -> bool:
 
 
 def step_logs(
-    stage: str, losses: Mapping[str, Tensor], weights: Mapping[str, Tensor] | None
+    stage: str,
+    chunks: Sequence[Chunk],
+    terms: Sequence[Mapping[str, Tensor]],
+    weights: Mapping[str, Tensor] | None,
 ) -> dict[str, Tensor]:
-    """A step's logged values besides the loss: ``<stage>/<key>`` for every loss term (mean
-    over images) and, in training, each term's effective balancer weight
+    """A step's logged values besides the loss: ``<stage>/<teacher>/<term>`` for every loss
+    term of every chunk (mean over images; prefixed by the partition's name,
+    ``<stage>/<partition>/<teacher>/<term>``, when the step has several chunks: a teacher may
+    be in more than one) and, in training, each term's effective balancer weight
     ``train/balancer/<teacher>/<term>``."""
-    logged = {f"{stage}/{k}": v.detach().mean() for k, v in losses.items()}
+    logged = {}
+    for chunk, chunk_terms in zip(chunks, terms, strict=True):
+        prefix = f"{stage}/" if len(chunks) == 1 else f"{stage}/{chunk.partition}/"
+        logged.update({prefix + k: v.detach().mean() for k, v in chunk_terms.items()})
     logged.update({f"{stage}/balancer/{k}": w for k, w in (weights or {}).items()})
     return logged
+
+
+def epoch_logs(stage: str, metrics: DistillationMetrics) -> dict[str, Tensor]:
+    """The epoch's ``<stage>/<teacher>/<metric>`` values (already reduced over all ranks by
+    torchmetrics; empty if no step updated them); the metrics are reset."""
+    values = {f"{stage}/{k}": v for k, v in metrics.compute().items()} if metrics.updated else {}
+    metrics.reset()
+    return values

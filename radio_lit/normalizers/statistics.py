@@ -20,7 +20,12 @@ from torch import Tensor
 
 from radio_lit.normalizers.base import Normalizer
 
-__all__ = ["accumulate_statistics", "complete_checkpoint", "share_statistics"]
+__all__ = ["accumulate_statistics", "complete_checkpoint", "share_statistics", "statistics_ready"]
+
+
+def statistics_ready(normalizers: Mapping[str, Normalizer]) -> bool:
+    """Whether every normalizer can map targets (fitted, or needs no statistics)."""
+    return all(n.is_fitted or not n.requires_statistics for n in normalizers.values())
 
 
 def accumulate_statistics(
