@@ -1,16 +1,15 @@
 """The error catalogue: every known bad input, through the real ``radio-lit`` command.
 
-Each entry runs ``python -m radio_lit.cli fit --config configs/quickstart.yaml <bad input>``
-in a subprocess and expects exit code 2, one short message naming the config key and the
-problem, and no traceback. The subprocesses run concurrently (one fixture starts them all),
-so the catalogue costs a few command start-ups, not one per entry.
+Each entry runs ``radio-lit fit --config configs/quickstart.yaml <bad input>`` (the console
+script's ``radio_lit.cli.main``) in its own process and expects exit code 2, one short message
+naming the config key and the problem, and no traceback. The processes fork from the tests'
+fork server (:mod:`tests.forking`), four at a time, so an entry costs a fork, not an
+interpreter start.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 from radio_lit import cli
 from radio_lit.data.image_folder import list_images
 from radio_lit.errors import TRACEBACK_ENV
+from tests import forking
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -113,11 +113,9 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "radio_lit.cli", "fit", "--config", QUICKSTART, *args]
-    return subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+def _run(args: list[str], env: dict[str, str], folder: Path) -> forking.Outcome:
+    argv = ["fit", "--config", QUICKSTART, *args]
+    return forking.run("radio_lit.cli:main", [argv], folder, env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +124,7 @@ def outcomes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("catalogue")
     (tmp / "empty").mkdir()
     (tmp / "corrupt.ckpt").write_bytes(os.urandom(2048))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     env.pop(TRACEBACK_ENV, None)
     jobs = {
         name: ([a.replace("{tmp}", str(tmp)) for a in args], env)
@@ -150,7 +148,10 @@ def outcomes(tmp_path_factory):
         env,
     )
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_run, *job) for name, job in jobs.items()}
+        futures = {
+            name: pool.submit(_run, *job, tmp / "runs" / str(i))
+            for i, (name, job) in enumerate(jobs.items())
+        }
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -158,7 +159,7 @@ def outcomes(tmp_path_factory):
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_bad_input_gets_one_short_message_and_exit_code_2(outcomes, name):
     result = outcomes[name]
-    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.exitcode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
     assert len(error_lines) == 1, result.stderr[-3000:]
@@ -171,7 +172,7 @@ def test_bad_input_gets_one_short_message_and_exit_code_2(outcomes, name):
 @pytest.mark.slow
 def test_the_traceback_is_shown_on_request(outcomes):
     result = outcomes["traceback on request"]
-    assert result.returncode == 2
+    assert result.exitcode == 2
     assert "Traceback (most recent call last)" in result.stderr
     assert "model.student_resolution 70" in result.stderr
 
@@ -180,7 +181,7 @@ def test_the_traceback_is_shown_on_request(outcomes):
 def test_a_diverging_run_stops_with_the_cause_and_saves_no_nan(outcomes, tmp_path_factory):
     """``radio-lit fit --config configs/quickstart.yaml --model.optimizer.init_args.lr 1e12``."""
     result = outcomes["diverging run"]
-    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.exitcode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "radio-lit: error: non-finite gradients at step 1" in result.stderr
     assert "clip/feature_loss" in result.stderr
