@@ -47,8 +47,16 @@ class Outcome:
 
 
 def _main(
-    function: str, args: Sequence[Any], env: Mapping[str, str], cwd: str, out: str, err: str
+    function: str,
+    args: Sequence[Any],
+    env: Mapping[str, str],
+    cwd: str,
+    out: str,
+    err: str,
+    new_session: bool,
 ) -> None:
+    if new_session:  # its own process group: os.killpg(pid, ...) reaches its children too
+        os.setsid()
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -67,6 +75,13 @@ class Forked:
     def __init__(self, process: Any, out: Path, err: Path) -> None:
         self.process, self.out, self.err = process, out, err
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
     def wait(self, deadline: float) -> Outcome:
         """Wait until ``deadline`` (``time.monotonic()``), kill the process if it is still
         running, and return how it ended."""
@@ -83,10 +98,12 @@ def start(
     folder: Path,
     env: Mapping[str, str] | None = None,
     cwd: Path = REPO,
+    new_session: bool = False,
 ) -> Forked:
     """Fork ``function(*args)`` (``"module:function"``) with ``env`` (default: this process's
-    environment, one thread) as its whole environment, in ``cwd``; its stdout and stderr go to
-    ``folder/stdout`` and ``folder/stderr``."""
+    environment, one thread) as its whole environment, in ``cwd`` (in a session of its own
+    with ``new_session``); its stdout and stderr go to ``folder/stdout`` and
+    ``folder/stderr``."""
     environment = {"OMP_NUM_THREADS": "1", **(os.environ if env is None else env)}
     # The repository is importable, whatever the folder the tests started in.
     paths = [str(REPO), *filter(None, [environment.get("PYTHONPATH")])]
@@ -94,7 +111,8 @@ def start(
     folder.mkdir(parents=True, exist_ok=True)
     out, err = folder / "stdout", folder / "stderr"
     process = _CONTEXT.Process(
-        target=_main, args=(function, list(args), environment, str(cwd), str(out), str(err))
+        target=_main,
+        args=(function, list(args), environment, str(cwd), str(out), str(err), new_session),
     )
     process.start()
     return Forked(process, out, err)
