@@ -41,7 +41,7 @@ def run_gloo_workers(
             f"{module}:main",
             (rank, world_size, init, *args, str(out)),
             tmp_path / f"rank{rank}",
-            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
         )
         for rank, out in enumerate(outputs)
     ]

@@ -65,9 +65,7 @@ def test_no_import_circle():
 
 def test_lower_layers_never_import_the_training_module():
     graph = import_graph()
-    lower = [
-        n for n in graph if n.split(".")[1:2] and n.split(".")[1] in LOWER
-    ]
+    lower = [n for n in graph if n.split(".")[1:2] and n.split(".")[1] in LOWER]
     offenders = {n: sorted(graph.successors(n)) for n in lower if "radio_lit.module" in graph[n]}
     assert not offenders, f"lower layers importing radio_lit.module: {offenders}"
     assert nx.has_path(graph, "radio_lit.cli", "radio_lit.module")  # the graph sees imports
