@@ -26,6 +26,7 @@ LOWER = (
     "export",
     "optim",
     "step",
+    "per_teacher",
     "cache",
 )
 
