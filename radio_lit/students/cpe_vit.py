@@ -24,7 +24,8 @@ Parameters and buffers of ``CPEViT`` (``G = max_resolution / patch``, ``D`` = wi
   (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2``) is a
   :class:`~radio_lit.students.spectral_reparam.SpectralLinear`: ``weight [out, in]``,
   ``bias [out]``, ``spectral_scale [C]`` (C = 3 chunks for ``qkv``, else 1),
-  buffers ``spectral_u [C, out / C]``, ``spectral_v [C, in]``, ``spectral_version []``;
+  buffers ``spectral_u [C, out / C]``, ``spectral_v [C, in]`` (and, in version 2,
+  ``spectral_version []``);
   :func:`~radio_lit.students.spectral_reparam.fold_spectral_reparam` turns them back into
   plain ``nn.Linear`` (``weight``, ``bias``) for export.
 """

@@ -33,7 +33,7 @@ For export, :func:`fold_spectral_reparam` replaces each :class:`SpectralLinear` 
 State-dict names of one reparametrized layer (``C`` chunks; 3 for ``qkv``, else 1):
 ``weight [out, in]``, ``bias [out]``, ``spectral_scale [C]`` (``p``; a parameter),
 ``spectral_u [C, out / C]`` and ``spectral_v [C, in]`` (float32 power-iteration buffers),
-``spectral_version []`` (1 or 2; a state dict without it is version 1).
+``spectral_version []`` (version 2 only: a state dict without it is version 1).
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class SpectralLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.chunks = chunks
         self.version = version
-        self.register_buffer("spectral_version", torch.tensor(version, device=device))
+        if version != 1:  # version 1 state dicts keep the names they had before versions
+            self.register_buffer("spectral_version", torch.tensor(version, device=device))
         self.spectral_scale = nn.Parameter(torch.ones(chunks, device=device))
         self.register_buffer(
             "spectral_u", torch.zeros(chunks, out_features // chunks, device=device)
@@ -221,8 +222,9 @@ class SpectralLinear(nn.Linear):
         if plain and not any(n in state_dict for n in names):
             u, v, sigma = _converged_state(self._matrices(weight))
             state_dict.update(zip(names, (self._parameter_for(sigma), u, v), strict=True))
-            state_dict.setdefault(version_key, self.spectral_version.clone())
-        saved = int(state_dict.setdefault(version_key, torch.tensor(1)))
+            if self.version != 1:
+                state_dict[version_key] = torch.tensor(self.version)
+        saved = int(state_dict.get(version_key, 1))
         if names[0] in state_dict and saved != self.version:
             error_msgs.append(
                 f"{prefix}spectral_scale was trained with σReparam version {saved}, this student "

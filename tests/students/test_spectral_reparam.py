@@ -172,8 +172,10 @@ def test_weight_decay_pulls_version_1_to_zero_and_version_2_to_0743():
 
 
 def test_a_state_dict_of_the_other_version_is_refused_with_the_option_to_set():
-    v1 = SpectralLinear(6, 9)
+    v1, v2 = SpectralLinear(6, 9), SpectralLinear(6, 9, version=2)
+    assert "spectral_version" not in v1.state_dict()  # version 1 keeps its earlier names
     with pytest.raises(RuntimeError, match="spectral_reparam_version: 1"):
         SpectralLinear(6, 9, version=2).load_state_dict(v1.state_dict())
-    old = {k: v for k, v in v1.state_dict().items() if k != "spectral_version"}
-    SpectralLinear(6, 9).load_state_dict(old)  # saved before versions: version 1
+    with pytest.raises(RuntimeError, match="spectral_reparam_version: 2"):
+        SpectralLinear(6, 9).load_state_dict(v2.state_dict())
+    SpectralLinear(6, 9, version=2).load_state_dict(v2.state_dict())
