@@ -17,7 +17,14 @@ from jsonargparse import ArgumentError
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
 
-from radio_lit.errors import ConfigError, RadioLitError, config_error, report, short_message
+from radio_lit.errors import (
+    ConfigError,
+    RadioLitError,
+    checkpoint_mismatch,
+    config_error,
+    report,
+    short_message,
+)
 from radio_lit.module import DistillationModule
 
 
@@ -85,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             RadioLitCLI(args=args if argv is not None else None)
         except ArgumentError as error:
             raise ConfigError(short_message(error)) from error
+        except RuntimeError as error:
+            mismatch = checkpoint_mismatch(error)
+            if mismatch is None:
+                raise
+            raise mismatch from error
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
 

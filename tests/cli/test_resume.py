@@ -116,8 +116,15 @@ def killed_at(run_dir: Path, step: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    return fit(tmp_path_factory.mktemp("uninterrupted"))
+def uninterrupted_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    fit(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_dir):
+    return torch.load(uninterrupted_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
 
 def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
@@ -147,3 +154,17 @@ def test_a_killed_run_resumes_exactly(tmp_path, uninterrupted, kill_at):
     last = killed_at(tmp_path, kill_at)
     resumed = fit(tmp_path, "--ckpt_path", str(last))
     assert_same_run(resumed, uninterrupted)
+
+
+@pytest.mark.slow
+def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupted_dir, tmp_path):
+    """A checkpoint of σReparam version 1 resumed by a version-2 student: exit 2, one line that
+    names the option to set, no traceback."""
+    last = uninterrupted_dir / "checkpoints" / "last.ckpt"
+    extra = ["--ckpt_path", str(last), "--model.student.init_args.spectral_reparam_version", "2"]
+    result = forking.run("radio_lit.cli:main", [argv(write_config(tmp_path), *extra)], tmp_path)
+    assert result.exitcode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
+    assert "--ckpt_path" in error
+    assert "set model.student.init_args.spectral_reparam_version: 1" in error
