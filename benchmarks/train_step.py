@@ -238,7 +238,7 @@ class PlainLoop:
         from torch.optim.lr_scheduler import LambdaLR
 
         from radio_lit.losses import MSE, Cosine
-        from radio_lit.module import weight_decayed
+        from radio_lit.optim import weight_decayed
 
         tpl = setup.template
         if type(tpl.feature_loss) is not MSE or type(tpl.summary_loss) is not Cosine:

@@ -29,6 +29,7 @@ from radio_lit.errors import (
     ConfigError,
     RadioLitError,
     checkpoint_file,
+    checkpoint_mismatch,
     config_error,
     report,
     short_message,
@@ -215,6 +216,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             RadioLitCLI(args=args if argv is not None else None)
         except ArgumentError as error:  # raised outside parse_arguments (e.g. --print_config)
             raise ConfigError(short_message(error)) from error
+        except RuntimeError as error:
+            mismatch = checkpoint_mismatch(error)
+            if mismatch is None:
+                raise
+            raise mismatch from error
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
 

@@ -210,6 +210,23 @@ def _class_entries(node: Any, prefix: str) -> Iterator[tuple[str, str, dict[str,
             yield from _class_entries(value, key)
 
 
+#: How torch's ``Module.load_state_dict`` starts the message of a checkpoint that does not fit.
+_STATE_DICT_MISMATCH = "Error(s) in loading state_dict"
+
+
+def checkpoint_mismatch(error: BaseException) -> ConfigError | None:
+    """A checkpoint that does not fit the configured model (``--ckpt_path``), from torch's
+    ``load_state_dict`` error, as one line with its first reason; ``None`` for other errors."""
+    lines = str(error).splitlines()
+    if not isinstance(error, RuntimeError) or not lines[0].startswith(_STATE_DICT_MISMATCH):
+        return None
+    reason = next((line.strip() for line in lines[1:] if line.strip()), "")
+    return ConfigError(
+        f"--ckpt_path: the checkpoint does not fit the configured model: {reason[:400]} "
+        "(resume with the config of the run that wrote it)"
+    )
+
+
 def report(error: BaseException, exit_code: int) -> int:
     """Print ``error`` as ``radio-lit: error: …`` (and its traceback if asked); return the code."""
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):

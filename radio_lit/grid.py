@@ -19,7 +19,7 @@ teacher with ``interpolatable = False`` always keeps its own grid, whatever the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch.nn.functional as F
@@ -111,3 +111,16 @@ def check_policies(
             )
         policies[name] = chosen  # type: ignore[assignment]
     return policies
+
+
+def student_input_size(resolution: int | Sequence[int], patch_size: int) -> tuple[int, int]:
+    """The student's input side ``(H, W)`` from ``model.student_resolution`` (a side, or
+    ``(H, W)``), checked to be a positive multiple of the student's patch size."""
+    size = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+    if len(size) != 2 or any(side <= 0 or side % patch_size for side in size):
+        nearest = max(1, round(size[0] / patch_size)) * patch_size
+        raise ValueError(
+            f"model.student_resolution {resolution} is not a positive multiple of the "
+            f"student's patch size {patch_size}; use e.g. {nearest}"
+        )
+    return size[0], size[1]

@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from radio_lit.students.heads import TeacherHeads
+
 
 @dataclass
 class Partition:
@@ -70,6 +72,9 @@ class Chunk:
         teachers: the teachers to run, in ``model.teachers`` order.
         resolution: ``(H, W)`` of the student's view this step.
         weight: the factor on this chunk's loss (``s_p W / |R_p|`` in training).
+        fraction: this rank's share of the partition's batch, ``1 / |R_p|`` in training (1 in
+            evaluation), so that per-step averages over chunks (AdaLoss) count each partition
+            once whatever the number of ranks it is split over.
     """
 
     partition: str
@@ -77,6 +82,7 @@ class Chunk:
     teachers: tuple[str, ...]
     resolution: tuple[int, int]
     weight: float
+    fraction: float = 1.0
 
 
 def assign_ranks(shares: Sequence[float], world_size: int) -> list[list[int]]:
@@ -269,7 +275,10 @@ class PartitionPlan:
                 )
             pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
-            chunks.append(Chunk(name, crop[start:stop], self.members[name], sizes[pick], weight))
+            part_crop = crop[start:stop]
+            chunks.append(
+                Chunk(name, part_crop, self.members[name], sizes[pick], weight, 1 / len(ranks))
+            )
             start = stop
         return chunks
 
@@ -314,3 +323,17 @@ class PartitionPlan:
         """Teachers that no partition of this rank runs in training."""
         rank = self.placement.rank
         return [t for t, rs in self.placement.teacher_ranks.items() if rank not in rs]
+
+
+def idle_heads_term(heads: Mapping[str, TeacherHeads], idle: Sequence[str], width: int) -> Tensor:
+    """``0 x`` the heads of the teachers ``idle`` (those this rank does not run in training,
+    :meth:`PartitionPlan.idle_teachers`) on a zero probe ``[1, width]``, so every rank's
+    backward reaches every head and DDP finds no unused parameter (their gradient here is
+    zero; DDP's average then gives the update of the module docstring)."""
+    zero = torch.zeros(())
+    for name in idle:
+        for head in (heads[name].features, heads[name].summary):
+            if head is not None:
+                probe = torch.zeros(1, width, device=head.out.weight.device)
+                zero = zero.to(probe.device) + 0.0 * head(probe).sum()
+    return zero

@@ -8,12 +8,17 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from radio_lit.callbacks._common import distillation_module
+
 
 class ImagesPerSecond(Callback):
-    """Log ``train/images_per_sec``: images of all ranks over the wall time between batches.
+    """Log ``train/images_per_sec``: the images all ranks used in a step over the wall time
+    between the ends of consecutive training batches (data loading, teachers, student and
+    optimizer: what a researcher waits for).
 
-    The time between the ends of consecutive training batches includes data loading, the
-    teachers, the student and the optimizer: what a researcher waits for.
+    Lightning's ``ThroughputMonitor`` is not used because it counts rank 0's batch times the
+    world size, which is wrong when partitions give ranks different numbers of images
+    (AM-RADIO 4, PHI-S 3); here each rank's share comes from the partition plan.
     """
 
     def __init__(self) -> None:
@@ -33,6 +38,8 @@ class ImagesPerSecond(Callback):
     ) -> None:
         now = time.perf_counter()
         if self._last is not None:
-            images = len(batch) * trainer.world_size
-            pl_module.log("train/images_per_sec", images / (now - self._last), on_step=True)
+            plan = distillation_module(pl_module).partitions
+            # A rank's partitions take rank_batch_size images; None: the whole batch.
+            per_rank = [plan.rank_batch_size(r) or len(batch) for r in range(trainer.world_size)]
+            pl_module.log("train/images_per_sec", sum(per_rank) / (now - self._last), on_step=True)
         self._last = now

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from radio_lit.callbacks._common import distillation_module
 from radio_lit.evaluation.view import ModelView, evaluation_mode, module_view
+from radio_lit.normalizers.statistics import statistics_ready
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Evaluation(Callback):
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report:
         """Evaluate the trainer's DistillationModule in eval mode and log the report."""
         module = distillation_module(pl_module)
-        if not module.statistics_ready():
+        if not statistics_ready(module.normalizers):
             rank_zero_warn(
                 f"{type(self).__name__} skipped at step {trainer.global_step}: the teacher "
                 "normalizers are not fitted yet (no teacher-space estimates to evaluate)"

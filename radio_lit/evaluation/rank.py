@@ -5,8 +5,10 @@ A collapsed or low-dimensional representation has a small effective rank; PHI-S 
 teachers and RADIO students far below their channel counts (e.g. DINOv2-g 1536 channels,
 RankMe 383). The covariance of each output is streamed over the images in float64 and reduced
 across ranks (the normalizers' exact merge, :meth:`~radio_lit.normalizers.Normalizer.update`),
-and :func:`~radio_lit.normalizers.spectral.effective_rank` turns its eigenvalues into
-``exp(H(p))``, ``p`` the normalized singular values of the centered data.
+and :func:`~radio_lit.normalizers.spectral.effective_rank` turns eigenvalues into
+``exp(H(p))``, ``p`` the normalized singular values of the data. RankMe is Garrido et al.'s
+(and PHI-S table 6's): singular values of the uncentered features (``eval/rankme/...``); the
+effective rank of the centered features is logged too, as ``eval/rankme_centered/...``.
 """
 
 from __future__ import annotations
@@ -32,26 +34,33 @@ class CovarianceAccumulator(Normalizer):
     """The streamed float64 covariance of ``[..., dim]`` rows, reduced across ranks, and its
     effective rank (the statistics half of a :class:`~radio_lit.normalizers.Normalizer`)."""
 
-    def rank(self) -> float:
-        """Effective rank of the covariance of everything accumulated (0 if under two rows)."""
+    def rank(self, centered: bool = False) -> float:
+        """Effective rank of everything accumulated (0 if under two rows).
+
+        ``centered=False`` (RankMe, Garrido et al. eq. 1; PHI-S table 6): from the singular
+        values of the rows themselves, i.e. the eigenvalues of ``Y^T Y = m2 + n mu mu^T``;
+        ``centered=True``: of the rows minus their mean (the eigenvalues of ``m2``).
+        """
         if self.count.item() < 2:
             return 0.0
-        return float(effective_rank(torch.linalg.eigvalsh(self.covariance())))
+        gram = self.m2 if centered else self.m2 + self.count * torch.outer(self.mean, self.mean)
+        return float(effective_rank(torch.linalg.eigvalsh(gram)))
 
 
-def rank_me(rows: Tensor) -> float:
-    """Effective rank of ``rows [N, C]`` (centered), in one process."""
+def rank_me(rows: Tensor, centered: bool = False) -> float:
+    """Effective rank of ``rows [N, C]`` (uncentered RankMe, or ``centered``), in one process."""
     accumulator = CovarianceAccumulator(rows.shape[-1])
     accumulator.update(rows)
-    return accumulator.rank()
+    return accumulator.rank(centered)
 
 
 class RankMe(Evaluation):
     """Effective rank of the student's summaries and patch features, per output.
 
-    Logs ``eval/rankme/<output>/summary`` (over images; at most ``images - 1``) and
+    Logs ``eval/rankme/<output>/summary`` (over images) and
     ``eval/rankme/<output>/features`` (over all patches of all images) for ``backbone`` and
-    each teacher head (or the ``outputs`` given).
+    each teacher head (or the ``outputs`` given), uncentered (RankMe); the same of the centered
+    features as ``eval/rankme_centered/<output>/...``.
 
     Cost per image: one student forward at ``resolution`` and a rank-``h*w`` update of a
     ``C x C`` float64 covariance per output; one ``C x C`` eigendecomposition per output per run.
@@ -105,7 +114,9 @@ class RankMe(Evaluation):
                     if key not in accumulators:
                         accumulators[key] = CovarianceAccumulator(values.shape[-1]).to(device)
                     accumulators[key].update(values.float()[valid])
-        return Report(scalars={f"eval/rankme/{k}": a.rank() for k, a in accumulators.items()})
+        scalars = {f"eval/rankme/{k}": a.rank() for k, a in accumulators.items()}
+        scalars.update({f"eval/rankme_centered/{k}": a.rank(True) for k, a in accumulators.items()})
+        return Report(scalars=scalars)
 
 
 def _images(root: str, crop_size: int, per_class: int, limit: int | None) -> Dataset:

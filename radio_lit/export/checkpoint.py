@@ -9,26 +9,94 @@ head widths are all an export needs.
 
 from __future__ import annotations
 
-import inspect
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from torch import Tensor
 
 from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
 from radio_lit.export.model import RadioLitModel
-from radio_lit.students import TeacherHeads
+from radio_lit.normalizers import Identity, Normalizer
+from radio_lit.students import CPEViT, TeacherHeads
+from radio_lit.students.heads import summary_token_slots
 
-#: The ``model.*`` options an export reads; the others (teachers, losses, optimizer, ...) not.
-_EXPORT_OPTIONS = {
-    "student",
-    "student_resolution",
-    "student_mean",
-    "student_std",
-    "normalizer",
-    "normalizer_overrides",
-}
+log = logging.getLogger(__name__)
+
+#: Prefixes of the trained weights in a training checkpoint's ``state_dict``.
+STUDENT_PREFIXES = ("student.", "heads.")
+#: Prefix of the teachers' weights in the training module, which checkpoints leave out.
+TEACHER_PREFIX = "teachers."
+
+
+@dataclass
+class ExportOptions:
+    """The ``model.*`` options an export reads (same names, types and defaults as
+    ``DistillationModule``'s); the others (teachers, losses, optimizer, ...) are not read."""
+
+    student: CPEViT
+    student_resolution: int | tuple[int, int] = 256
+    student_mean: tuple[float, float, float] | None = None
+    student_std: tuple[float, float, float] | None = None
+    normalizer: Callable[[int], Normalizer] = Identity
+    normalizer_overrides: dict[str, Callable[[int], Normalizer]] | None = None
+
+
+_EXPORT_OPTIONS = {f.name for f in fields(ExportOptions)}
+
+
+def student_weights(
+    checkpoint: str | Path, own_keys: Iterable[str], teachers: Iterable[str]
+) -> tuple[dict[str, Tensor], list[str]]:
+    """The student and head weights of an earlier stage's checkpoint (``model.init_from``).
+
+    Args:
+        checkpoint: a ``.ckpt`` written by ``radio-lit fit``.
+        own_keys: the ``student.*`` / ``heads.*`` state-dict keys of the module to load into.
+        teachers: the module's teacher names.
+
+    Returns:
+        the weights, and the teachers new in this stage (AM-RADIO 4: SAM joins in stage 2),
+        which have no heads in the checkpoint: their heads start fresh.
+
+    Raises:
+        FileNotFoundError, ValueError: one line naming the file and what to pass instead.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.init_from: checkpoint {path} does not exist; point it at the previous "
+            "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, not a checkpoint, or pickled objects
+        raise ValueError(
+            f"model.init_from: {path} cannot be read as a checkpoint "
+            f"({str(error).splitlines()[0]}); point it at "
+            "a .ckpt written by radio-lit fit"
+        ) from error
+    state = state.get("state_dict", state) if isinstance(state, dict) else {}
+    weights = {k: v for k, v in state.items() if k.startswith(STUDENT_PREFIXES)}
+    if not weights:
+        raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
+    own = {k for k in own_keys if k.startswith(STUDENT_PREFIXES)}
+    new = [n for n in teachers if not any(k.startswith(f"heads.{n}.") for k in weights)]
+    fresh = {k for k in own if k.startswith(tuple(f"heads.{n}." for n in new))}
+    missing, unexpected = sorted(own - set(weights) - fresh), sorted(set(weights) - own)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path} does not match this student/heads: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}; the student architecture and teacher names "
+            "must be the same as in the earlier stage (teachers may only be added)"
+        )
+    if new:
+        log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
+    return weights, new
 
 
 def run_config(checkpoint: Path) -> Path:
@@ -47,8 +115,6 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
     """The instantiated export options of ``config``'s ``model`` section, and its teachers."""
     from jsonargparse import ArgumentParser
 
-    from radio_lit.module import DistillationModule
-
     raw = yaml.safe_load(config.read_text()) or {}
     model = dict(raw.get("model") or {})
     teachers = model.get("teachers")
@@ -60,9 +126,8 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
     student = model["student"] = dict(model["student"])
     # The weights come from the checkpoint: never download or read the initial ones.
     student["init_args"] = {**student.get("init_args", {}), "pretrained": False, "checkpoint": None}
-    skip = set(inspect.signature(DistillationModule).parameters) - _EXPORT_OPTIONS
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(DistillationModule, "model", skip=skip, instantiate=False)
+    parser.add_class_arguments(ExportOptions, "model", instantiate=False)
     options = {k: v for k, v in model.items() if k in _EXPORT_OPTIONS}
     parsed = parser.parse_object({"model": options})
     return parser.instantiate_classes(parsed).model, teachers
@@ -108,8 +173,6 @@ def checkpoint_inference_model(
         normalizers[name] = normalizer
         has_summary[name] = summary_dim is not None
 
-    from radio_lit.module import summary_token_slots
-
     slots = teacher_slots(
         has_summary,
         summary_token_slots(has_summary, student.num_cls_tokens),
@@ -136,3 +199,11 @@ def checkpoint_inference_model(
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def ignore_teacher_weights(module: Any, incompatible: Any) -> None:
+    """A ``load_state_dict`` post-hook of the training module: teacher weights are never saved
+    in a checkpoint (they reload from their source), so ``teachers.*`` keys are not missing."""
+    incompatible.missing_keys[:] = [
+        k for k in incompatible.missing_keys if not k.startswith(TEACHER_PREFIX)
+    ]

@@ -111,6 +111,7 @@ def radio_config(
             "num_registers": student.num_registers,
             "cpe_align_corners": student.cpe_align_corners,
             "timm_img_size": list(student.patch_embed.img_size),
+            "timm_class_token": student.timm_class_token,
             "vitdet_window_size": student.vitdet_eval_window_size,
             "vitdet_windowed": list(student.windowed),
             "preferred_resolution": list(resolution),
@@ -133,6 +134,14 @@ def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
             f"the student has {extras['num_cls_tokens']} summary tokens; RADIO has one shared "
             f"token or one per teacher ({len(teachers)}, SAM included): train with "
             f"model.student.init_args.num_cls_tokens: {len(teachers)}"
+        )
+    if not extras.get("timm_class_token", True):
+        problems.append(
+            f"the student's timm model {config['model']!r} has no class token, so RADIO's "
+            f"loader would read its first {extras['num_cls_tokens']} patch tokens as the "
+            "summary: train on a timm ViT with a class token (set "
+            "model.student.init_args.model_kwargs.class_token: true, or use e.g. "
+            "vit_base_patch16_224), or export with --format safetensors"
         )
     side = config["cpe_max_size"]
     if extras.get("timm_img_size") == [side, side]:

@@ -140,13 +140,15 @@ class RadioBackbone(nn.Module):
 
 def timm_trunk(config: dict[str, Any]) -> nn.Module:
     """The timm VisionTransformer that ``config["model"]`` and ``model_kwargs`` describe, as
-    NVlabs/RADIO's ``create_model_from_args`` builds it (random weights, no classifier)."""
+    NVlabs/RADIO's ``create_model_from_args`` builds it (random weights, no classifier), without
+    a pooling head, as the student (a base without a class token has no token pooling)."""
     kwargs = dict(config["model_kwargs"])
     kwargs.pop("weight_init", None)
     return timm.create_model(
         config["model"],
         pretrained=False,
         num_classes=config.get("num_classes") or 0,
+        global_pool="",
         weight_init="skip",
         **kwargs,
     )

@@ -10,18 +10,21 @@ AM-RADIO section 3.4.1), so a config names only the kind and its options::
         class_path: radio_lit.losses.AdaLoss
         init_args: {momentum: 0.99}
 
-It is then called each step with the terms ``{"<teacher>/<term>": loss}`` (scalars, or ``[B]``
-per image when :attr:`Balancer.per_sample`) and returns the total. Any subset of its terms may
-be given (a rank that runs only some teachers). Its state (moving averages, learned
-parameters) is module state: checkpointed, restored on resume, and not taken by
+Each training step, :meth:`Balancer.observe` first sees every chunk's terms of the step once
+(on every rank, whatever the number of chunks a rank runs: the one place a balancer may
+communicate); the balancer is then called on each chunk's terms ``{"<teacher>/<term>": loss}``
+(scalars, or ``[B]`` per image when :attr:`Balancer.per_sample`) and returns its total. Any
+subset of its terms may be given (a rank that runs only some teachers). Its state (moving
+averages, learned parameters) is module state: checkpointed, restored on resume, and not taken by
 ``model.init_from`` (a new stage starts it afresh). :meth:`Balancer.effective_weights` gives
 the weight each term had in the last total, for the logger (``train/balancer/<teacher>/<term>``).
-In ``eval()`` mode (validation, test) balancers change no state and draw no random numbers.
+Validation and test call no :meth:`Balancer.observe`; in ``eval()`` mode balancers change no
+state and draw no random numbers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import torch
@@ -30,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from radio_lit.losses.feature import Loss
+
+_TINY = torch.finfo(torch.float32).tiny
 
 __all__ = ["AdaLoss", "Balancer", "BalancerFactory", "TeacherDropping", "Uncertainty", "Weighted"]
 
@@ -60,6 +65,16 @@ class Balancer(nn.Module):
         self.terms = {key: float(weight) for key, weight in terms.items()}
         self.index = {key: i for i, key in enumerate(self.terms)}
         self.register_buffer("weights", torch.tensor(list(self.terms.values())), persistent=False)
+
+    def observe(self, chunks: Sequence[Mapping[str, Tensor]], fractions: Sequence[float]) -> None:
+        """Update the state from one training step's terms, before the step's totals.
+
+        Called exactly once per training step on every rank (a collective for balancers
+        whose state is shared across ranks), with the terms of each chunk this rank runs
+        (possibly none) and each chunk's fraction of its partition's batch (``1 / |R_p|``,
+        :class:`radio_lit.partitions.Chunk`), so that a partition counts once whatever the
+        number of ranks it is split over. Stateless balancers ignore it.
+        """
 
     def forward(self, losses: Mapping[str, Tensor]) -> Tensor:
         raise NotImplementedError
@@ -116,10 +131,15 @@ class AdaLoss(Balancer):
     approximately 1"; PHI-S tables 11-14 "Ada-"). Hu et al.'s AdaLoss treats the weights as
     constants: the average is of the detached loss values and gets no gradient.
 
-    Update rule, each training step and before dividing: ``E <- m E + (1 - m) L`` with ``L``
-    the term's value averaged over all processes (so every rank holds the same average and the
-    checkpoint is exact). The papers do not state the initialization; here the average starts
-    at the first observed value, so the first step's terms are each exactly ``w_t``.
+    Update rule, once per training step (:meth:`observe`, before dividing): ``E <- m E +
+    (1 - m) L`` with ``L`` the term's mean over every partition that has it this step, on
+    every rank (one all-reduce per step over the world; a partition split over ``n`` ranks
+    counts ``1/n`` on each), so every rank holds the same average, a teacher in two
+    partitions of one rank is updated once, one rank running several partitions equals
+    several ranks running one each, and the checkpoint is exact. The papers do not state the
+    initialization; here the average starts at the first observed value, so the first step's
+    terms are each exactly ``w_t``; a term never observed (validation before the first
+    training step) is divided by its own detached value, ``w_t`` again, never by ~0.
 
     Args:
         terms: see :class:`Balancer`.
@@ -138,15 +158,17 @@ class AdaLoss(Balancer):
         self.register_buffer("seen", torch.zeros(size, dtype=torch.bool))
 
     @torch.no_grad()
-    def _update(self, index: list[int], values: Tensor) -> None:
-        """Fold this step's (rank-averaged) values into the averages of the given terms."""
-        sums = torch.zeros(2, len(self.terms), dtype=torch.float32, device=values.device)
-        sums[0, index] = values.float()
-        sums[1, index] = 1.0
+    def observe(self, chunks: Sequence[Mapping[str, Tensor]], fractions: Sequence[float]) -> None:
+        """Fold this step's values, averaged over partitions and ranks, into the averages."""
+        sums = torch.zeros(2, len(self.terms), dtype=torch.float32, device=self.average.device)
+        for losses, fraction in zip(chunks, fractions, strict=True):
+            index, values = self._stack(losses)
+            sums[0, index] += fraction * values.detach().float().to(sums.device)
+            sums[1, index] += fraction
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(sums)  # ranks may run different teachers: average where present
+            dist.all_reduce(sums)  # once per step on every rank, whatever its chunks
         present = sums[1] > 0
-        mean = sums[0] / sums[1].clamp_min(1.0)
+        mean = sums[0] / torch.where(present, sums[1], 1.0)
         blended = torch.where(
             self.seen, self.momentum * self.average + (1.0 - self.momentum) * mean, mean
         )
@@ -155,13 +177,13 @@ class AdaLoss(Balancer):
 
     def forward(self, losses: Mapping[str, Tensor]) -> Tensor:
         index, values = self._stack(losses)
-        if self.training:
-            self._update(index, values.detach())
-        denominator = self.average[index].clamp_min(torch.finfo(torch.float32).tiny)
-        return (self.weights[index] * values / denominator).sum()
+        own = values.detach().abs()
+        denominator = torch.where(self.seen[index], self.average[index], own)
+        return (self.weights[index] * values / denominator.clamp_min(_TINY)).sum()
 
     def effective_weights(self) -> dict[str, Tensor]:
-        weights = self.weights / self.average.clamp_min(torch.finfo(torch.float32).tiny)
+        average = torch.where(self.seen, self.average, torch.ones_like(self.average))
+        weights = self.weights / average.clamp_min(_TINY)
         return dict(zip(self.terms, weights, strict=True))
 
 

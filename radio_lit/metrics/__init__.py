@@ -2,12 +2,13 @@
 cosine (PHI-S section 4 and appendix A.9.4; RADIOv2.5 section 4.4)."""
 
 from radio_lit.metrics.distillation import DistillationMetrics, TeacherMetrics
-from radio_lit.metrics.features import ErrorVarianceRange, Fidelity, SummaryCosine
+from radio_lit.metrics.features import ErrorVarianceRange, Fidelity, GlobalFidelity, SummaryCosine
 
 __all__ = [
     "DistillationMetrics",
     "ErrorVarianceRange",
     "Fidelity",
+    "GlobalFidelity",
     "SummaryCosine",
     "TeacherMetrics",
 ]

@@ -1,13 +1,15 @@
 """Validation and test metrics of a distillation run, per teacher and overall.
 
-From the :class:`~radio_lit.module.TeacherMatch` es a step already makes (prediction and
+From the :class:`~radio_lit.step.TeacherMatch` es a step already makes (prediction and
 target in the normalizer's space, on the loss grid), each teacher's prediction and target
 are mapped back to the teacher's own space with ``normalizer.inverse`` (exactly affine,
 ``y @ theta.T + mu``, applied in float64), as PHI-S section 4 measures every method. Keys:
 
 - ``<teacher>/mse``: MSE in the teacher's space (PHI-S table 3; RADIOv2.5 table 3);
 - ``<teacher>/fidelity`` and ``fidelity_geomean``: eq. 51 of PHI-S / eq. 8 of RADIOv2.5 and
-  their geometric mean over teachers (PHI-S tables 18-19);
+  their geometric mean over teachers (PHI-S tables 18-19), with ``Var[Y]`` the mean of the
+  per-channel variances; ``<teacher>/fidelity_global``: the same with ``Var[Y]`` the variance
+  of all elements around one global mean (NVlabs/RADIO's mode-switching script);
 - ``<teacher>/error_variance_range`` (normalized space) and
   ``<teacher>/error_variance_range_teacher`` (teacher space): PHI-S table 5;
 - ``<teacher>/summary_cosine`` for teachers with a summary.
@@ -23,11 +25,11 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.regression import MeanSquaredError
 
-from radio_lit.metrics.features import ErrorVarianceRange, Fidelity, SummaryCosine
+from radio_lit.metrics.features import ErrorVarianceRange, Fidelity, GlobalFidelity, SummaryCosine
 from radio_lit.normalizers import Normalizer
 
 if TYPE_CHECKING:
-    from radio_lit.module import TeacherMatch
+    from radio_lit.step import TeacherMatch
     from radio_lit.teachers import Teacher
 
 _CHUNK_ROWS = 1 << 14  # feature rows mapped to the teacher space (float64) at a time
@@ -40,6 +42,7 @@ class TeacherMetrics(nn.Module):
         super().__init__()
         self.mse = MeanSquaredError().set_dtype(torch.float64)
         self.fidelity = Fidelity(feature_dim)
+        self.fidelity_global = GlobalFidelity(feature_dim)
         self.error_variance_range = ErrorVarianceRange(feature_dim)
         self.error_variance_range_teacher = ErrorVarianceRange(feature_dim)
         self.summary_cosine = SummaryCosine() if has_summary else None
@@ -54,6 +57,7 @@ class TeacherMetrics(nn.Module):
             x_teacher, y_teacher = normalizer.inverse(x), normalizer.inverse(y)
             self.mse.update(x_teacher, y_teacher)
             self.fidelity.update(x_teacher, y_teacher)
+            self.fidelity_global.update(x_teacher, y_teacher)
             self.error_variance_range.update(x - y)
             self.error_variance_range_teacher.update(x_teacher - y_teacher)
         if self.summary_cosine is not None and match.summary is not None:

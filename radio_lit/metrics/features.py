@@ -102,6 +102,22 @@ class Fidelity(_ChannelMoments):
         return self._channel_variances().mean() / mse
 
 
+class GlobalFidelity(Fidelity):
+    """Fidelity with NVlabs/RADIO's mode-switching convention for ``Var[Y]``: the variance of
+    all elements around one global mean (``Y.var()`` over every sample and channel), instead
+    of :class:`Fidelity`'s mean of per-channel variances. With channel means spread apart the
+    two differ several-fold (channel means spread 2, unit variances: 5x).
+
+    ``update(prediction, target)``: both ``[..., C]`` in the teacher's space.
+    """
+
+    def compute(self) -> Tensor:
+        elements = self.count * self.num_channels
+        mean = self.sum.sum() / elements
+        variance = (self.sum_sq.sum() / elements - mean * mean).clamp_min(0.0)
+        return variance / (self.sum_squared_error / elements)
+
+
 class SummaryCosine(MeanMetric):
     """Mean cosine similarity between predicted and teacher summaries over all images.
 

@@ -24,7 +24,8 @@ Parameters and buffers of ``CPEViT`` (``G = max_resolution / patch``, ``D`` = wi
   (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2``) is a
   :class:`~radio_lit.students.spectral_reparam.SpectralLinear`: ``weight [out, in]``,
   ``bias [out]``, ``spectral_scale [C]`` (C = 3 chunks for ``qkv``, else 1),
-  buffers ``spectral_u [C, out / C]``, ``spectral_v [C, in]``;
+  buffers ``spectral_u [C, out / C]``, ``spectral_v [C, in]`` (and, in version 2,
+  ``spectral_version []``);
   :func:`~radio_lit.students.spectral_reparam.fold_spectral_reparam` turns them back into
   plain ``nn.Linear`` (``weight``, ``bias``) for export.
 """
@@ -35,7 +36,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -122,6 +123,10 @@ class CPEViT(nn.Module):
             model's pretrained config (``vit.pretrained_cfg["mean"]``, e.g. 0.5 for augreg).
         pixel_std: per-channel std, likewise from ``vit.pretrained_cfg["std"]`` by default.
         spectral_reparam: σReparam on every linear layer of the blocks (AM-RADIO 4, PHI-S A.7).
+        spectral_reparam_version: how its learned scale ``p`` gives ``gamma``: 1,
+            ``gamma = p`` (weight decay pulls it toward 0, PHI-S A.7); 2, NVlabs/RADIO's
+            ``gamma = softplus(p) + 0.05`` (toward 0.743, never below 0.05). See
+            :mod:`radio_lit.students.spectral_reparam`.
         vitdet_window_sizes: ViTDet augmentation in training (AM-RADIO supplement C): each
             training forward samples one window size (patches per side) from this list with
             torch's global RNG, among the sizes that tile the input's patch grid; an input no
@@ -147,6 +152,7 @@ class CPEViT(nn.Module):
         pixel_mean: Triple | None = None,
         pixel_std: Triple | None = None,
         spectral_reparam: bool = True,
+        spectral_reparam_version: Literal[1, 2] = 1,
         vitdet_window_sizes: list[int] | None = None,
         vitdet_num_windowed: int | None = None,
         vitdet_eval_window_size: int | None = None,
@@ -182,6 +188,9 @@ class CPEViT(nn.Module):
         self.grid_side = max_resolution // self.patch_size
         self.pos_embed = nn.Parameter(self._initial_grid(vit))
         self.cls_token = nn.Parameter(self._initial_cls(vit, num_cls_tokens))
+        # Whether the timm model itself has a class token (SigLIP-style models have none):
+        # NVlabs/RADIO's loader rebuilds the timm model and keys its summary tokens on it.
+        self.timm_class_token = vit.cls_token is not None
         self.registers = (
             nn.Parameter(torch.randn(1, num_registers, self.embed_dim) * 0.02)
             if num_registers
@@ -198,7 +207,7 @@ class CPEViT(nn.Module):
         self.pixel_mean: Triple = tuple(pixel_mean or config.get("mean", IMAGENET_DEFAULT_MEAN))
         self.pixel_std: Triple = tuple(pixel_std or config.get("std", IMAGENET_DEFAULT_STD))
         if spectral_reparam:
-            enable_spectral_reparam(self.blocks)
+            enable_spectral_reparam(self.blocks, spectral_reparam_version)
 
         eval_size = [] if vitdet_eval_window_size is None else [vitdet_eval_window_size]
         for option, sizes in [

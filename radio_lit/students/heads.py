@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch import Tensor, nn
 
 
@@ -36,3 +38,36 @@ class TeacherHeads(nn.Module):
         self.summary = (
             MLPHead(student_dim, hidden_dim, summary_dim) if summary_dim is not None else None
         )
+
+
+def summary_token_slots(has_summary: Mapping[str, bool], num_tokens: int) -> dict[str, int]:
+    """Teacher name -> index of the student summary token its summary head reads.
+
+    ``num_tokens`` is 1 (shared token), the number of teachers with a summary (the k-th of
+    them reads token k), or the number of teachers (teacher i reads token i: NVlabs/RADIO's
+    ``cls_token_per_teacher`` layout, where a teacher without summary, such as SAM, leaves its
+    token unused). Teachers without a summary get no entry.
+    """
+    names = list(has_summary)
+    with_summary = [n for n in names if has_summary[n]]
+    if num_tokens == 1:
+        return dict.fromkeys(with_summary, 0)
+    if num_tokens == len(with_summary):
+        return {n: i for i, n in enumerate(with_summary)}
+    if num_tokens == len(names):
+        return {n: names.index(n) for n in with_summary}
+    raise ValueError(
+        f"the student has {num_tokens} summary tokens for {len(names)} teachers, "
+        f"{len(with_summary)} of them with a summary ({with_summary}); set "
+        f"model.student.init_args.num_cls_tokens to 1 (shared), {len(with_summary)} (one per "
+        f"summary teacher) or {len(names)} (one per teacher, NVlabs/RADIO's layout)"
+    )
+
+
+def teacher_heads(student_dim: int, widths: Mapping[str, tuple[int, int | None]]) -> nn.ModuleDict:
+    """Every teacher's :class:`TeacherHeads` from its ``(feature_dim, summary_dim)``; the
+    hidden width is the largest teacher width (AM-RADIO 3.2)."""
+    hidden = max(max(f, s or 0) for f, s in widths.values())
+    return nn.ModuleDict(
+        {name: TeacherHeads(student_dim, hidden, f, s) for name, (f, s) in widths.items()}
+    )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+import torch
+from torch import nn
+
 from radio_lit.students.cpe_vit import CPEViT
+from radio_lit.students.heads import TeacherHeads
 
 
 def shard_student(student: CPEViT, mesh: Any, mp_policy: Any) -> None:
@@ -19,3 +24,26 @@ def shard_student(student: CPEViT, mesh: Any, mp_policy: Any) -> None:
     for block in student.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy)
     fully_shard(student, mesh=mesh, mp_policy=mp_policy)
+
+
+def shard_for_training(
+    student: CPEViT, heads: Iterable[TeacherHeads], extra: nn.Module, mesh: Any, bf16: bool
+) -> None:
+    """``fully_shard`` the student (:func:`shard_student`), every adaptor head and, if it has
+    parameters (a learned loss balance), ``extra``; teachers are never passed here.
+
+    Parameters are gathered in bfloat16 under ``bf16`` mixed precision, gradients reduced in
+    float32; ``extra`` stays float32. Normalizer statistics are buffers outside every policy.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
+    )
+    shard_student(student, mesh, policy)
+    for pair in heads:
+        for head in (pair.features, pair.summary):
+            if head is not None:
+                fully_shard(head, mesh=mesh, mp_policy=policy)
+    if any(True for _ in extra.parameters()):
+        fully_shard(extra, mesh=mesh)  # float32, gradients reduced over ranks

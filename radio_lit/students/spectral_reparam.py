@@ -9,21 +9,31 @@ running several teacher partitions), and the estimate must not depend on how a s
 split across ranks. :func:`request_power_iteration` (called by the training step) makes each
 layer refine ``u``, ``v`` on its next training forward, where FSDP2 has gathered the weight.
 AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
-student for all training stages, and PHI-S A.7 puts weight decay on ``gamma`` "to encourage
+student for all training stages, and PHI-S A.7 puts weight decay on the scale "to encourage
 the spectral norm to be small" — hence :data:`SPECTRAL_SCALE`, the parameter-name suffix the
 optimizer must always decay.
 
-As in NVlabs/RADIO (``radio/enable_spectral_reparam.py``), the fused ``qkv`` projection is
-reparametrized per chunk (q, k and v each get their own ``sigma`` and ``gamma``), and ``gamma``
-starts at ``sigma(W)`` so that reparametrizing leaves the function unchanged (a pretrained
-student starts from its pretrained weights).
+How the learned parameter ``p`` (``spectral_scale``) gives ``gamma``, NVlabs/RADIO's two
+versions (``radio/enable_spectral_reparam.py``, ``_SNReweight.version``):
+
+- version 1 (Zhai et al.; the default here): ``gamma = p``. Weight decay pulls ``gamma``
+  toward 0, unbounded below: PHI-S A.7's "encourage the spectral norm to be small".
+- version 2 (NVlabs/RADIO's current default): ``gamma = softplus(p) + 0.05``
+  (:data:`MIN_SPECTRAL_SCALE`). Weight decay pulls ``p`` toward 0, so ``gamma`` toward
+  ``ln 2 + 0.05 ≈ 0.743``, and ``gamma`` never falls below 0.05.
+
+As in NVlabs/RADIO, the fused ``qkv`` projection is reparametrized per chunk (q, k and v each
+get their own ``sigma`` and ``gamma``), and ``gamma`` starts at ``sigma(W)`` so that
+reparametrizing leaves the function unchanged (a pretrained student starts from its pretrained
+weights; in version 2 a chunk with ``sigma(W) < 0.05`` starts at ``gamma = 0.05 + 1e-5``).
 
 For export, :func:`fold_spectral_reparam` replaces each :class:`SpectralLinear` by a plain
 ``nn.Linear`` holding ``W_hat`` (with the eval-mode ``sigma``), under the same name.
 
 State-dict names of one reparametrized layer (``C`` chunks; 3 for ``qkv``, else 1):
-``weight [out, in]``, ``bias [out]``, ``spectral_scale [C]`` (gamma; a parameter),
-``spectral_u [C, out / C]`` and ``spectral_v [C, in]`` (float32 power-iteration buffers).
+``weight [out, in]``, ``bias [out]``, ``spectral_scale [C]`` (``p``; a parameter),
+``spectral_u [C, out / C]`` and ``spectral_v [C, in]`` (float32 power-iteration buffers),
+``spectral_version []`` (version 2 only: a state dict without it is version 1).
 """
 
 from __future__ import annotations
@@ -35,10 +45,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SPECTRAL_SCALE = "spectral_scale"
-"""Name of the gamma parameter; weight decay always applies to it (PHI-S A.7)."""
+"""Name of the scale parameter ``p``; weight decay always applies to it (PHI-S A.7)."""
+MIN_SPECTRAL_SCALE = 0.05
+"""Version 2's lower bound on ``gamma`` (NVlabs/RADIO's ``alpha``)."""
+VERSIONS = (1, 2)
 
 _INIT_POWER_ITERATIONS = 20
 _EPS = 1e-12
+_MIN_SOFTPLUS = 1e-5  # NVlabs/RADIO's smallest softplus value at initialization
 
 
 @torch.no_grad()
@@ -66,6 +80,11 @@ def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return u, v, _sigma(mats, u, v)
 
 
+def _inverse_softplus(t: Tensor) -> Tensor:
+    """``p`` with ``softplus(p) = t`` (``t > 0``): ``log(expm1(t))``, stable for large ``t``."""
+    return t + torch.log(-torch.expm1(-t))
+
+
 def request_power_iteration(module: nn.Module) -> None:
     """Make every :class:`SpectralLinear` in ``module`` run one power iteration on its next
     training forward: once per optimizer step, however many forwards the step makes."""
@@ -80,6 +99,8 @@ class SpectralLinear(nn.Linear):
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
         chunks: row blocks of ``W`` reparametrized separately (3 for a fused qkv projection).
+        version: how ``spectral_scale`` gives ``gamma``: 1, ``gamma = p``; 2,
+            ``gamma = softplus(p) + 0.05`` (NVlabs/RADIO; see the module docstring).
 
     ``[..., in] -> [..., out]``. After :func:`request_power_iteration`, the next training-mode
     forward first runs one power iteration (no gradient) that refines
@@ -93,13 +114,19 @@ class SpectralLinear(nn.Linear):
         out_features: int,
         bias: bool = True,
         chunks: int = 1,
+        version: int = 1,
         device: Any = None,
         dtype: Any = None,
     ) -> None:
         if chunks < 1 or out_features % chunks:
             raise ValueError(f"out_features {out_features} is not divisible into {chunks} chunks")
+        if version not in VERSIONS:
+            raise ValueError(f"σReparam version {version} does not exist; use 1 or 2")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.chunks = chunks
+        self.version = version
+        if version != 1:  # version 1 state dicts keep the names they had before versions
+            self.register_buffer("spectral_version", torch.tensor(version, device=device))
         self.spectral_scale = nn.Parameter(torch.ones(chunks, device=device))
         self.register_buffer(
             "spectral_u", torch.zeros(chunks, out_features // chunks, device=device)
@@ -109,13 +136,14 @@ class SpectralLinear(nn.Linear):
         self.reset_spectral_state()
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, chunks: int = 1) -> SpectralLinear:
+    def from_linear(cls, linear: nn.Linear, chunks: int = 1, version: int = 1) -> SpectralLinear:
         """A σReparam layer computing exactly what ``linear`` computes (same weight and bias)."""
         layer = cls(
             linear.in_features,
             linear.out_features,
             bias=linear.bias is not None,
             chunks=chunks,
+            version=version,
             device=linear.weight.device,
             dtype=linear.weight.dtype,
         )
@@ -130,13 +158,24 @@ class SpectralLinear(nn.Linear):
         """``[C, out / C, in]`` float32 view of the weight's chunks."""
         return weight.float().reshape(self.chunks, -1, self.in_features)
 
+    def scale(self) -> Tensor:
+        """``[C]`` float32 ``gamma`` per chunk: ``p`` (version 1) or ``softplus(p) + 0.05``."""
+        p = self.spectral_scale.float()
+        return p if self.version == 1 else F.softplus(p) + MIN_SPECTRAL_SCALE
+
+    def _parameter_for(self, gamma: Tensor) -> Tensor:
+        """``[C]`` the ``p`` that gives ``gamma`` (version 2: clamped to ``0.05 + 1e-5``)."""
+        if self.version == 1:
+            return gamma
+        return _inverse_softplus((gamma - MIN_SPECTRAL_SCALE).clamp_min(_MIN_SOFTPLUS))
+
     @torch.no_grad()
     def reset_spectral_state(self) -> None:
         """Converge ``u``, ``v`` on the current weight and set ``gamma = sigma`` (identity)."""
         u, v, sigma = _converged_state(self._matrices(self.weight))
         self.spectral_u.copy_(u)
         self.spectral_v.copy_(v)
-        self.spectral_scale.copy_(sigma)
+        self.spectral_scale.copy_(self._parameter_for(sigma))
 
     def effective_weight(self) -> Tensor:
         """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk.
@@ -152,7 +191,7 @@ class SpectralLinear(nn.Linear):
             self.spectral_v.copy_(v)
             self.power_iteration_due = False
         u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
-        factor = self.spectral_scale.float() / _sigma(mats, u, v)
+        factor = self.scale() / _sigma(mats, u, v)
         scaled = mats * factor[:, None, None]
         return scaled.reshape(self.out_features, self.in_features).to(weight.dtype)
 
@@ -160,7 +199,7 @@ class SpectralLinear(nn.Linear):
         return F.linear(x, self.effective_weight(), self.bias)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, chunks={self.chunks}"
+        return f"{super().extra_repr()}, chunks={self.chunks}, version={self.version}"
 
     def _load_from_state_dict(
         self,
@@ -174,20 +213,33 @@ class SpectralLinear(nn.Linear):
     ) -> None:
         """A plain ``nn.Linear`` entry (``weight``/``bias`` only: a checkpoint trained without
         σReparam, or a folded one) loads as the same function: the spectral state is derived
-        from the loaded weight, as :meth:`from_linear` does."""
+        from the loaded weight, as :meth:`from_linear` does. An entry of the other version
+        is refused (its ``spectral_scale`` would give another ``gamma``)."""
         names = [prefix + n for n in (SPECTRAL_SCALE, "spectral_u", "spectral_v")]
         weight = state_dict.get(prefix + "weight")
         plain = weight is not None and weight.shape == self.weight.shape
+        version_key = prefix + "spectral_version"
         if plain and not any(n in state_dict for n in names):
             u, v, sigma = _converged_state(self._matrices(weight))
-            state_dict.update(zip(names, (sigma, u, v), strict=True))
+            state_dict.update(zip(names, (self._parameter_for(sigma), u, v), strict=True))
+            if self.version != 1:
+                state_dict[version_key] = torch.tensor(self.version)
+        saved = int(state_dict.get(version_key, 1))
+        if names[0] in state_dict and saved != self.version:
+            error_msgs.append(
+                f"{prefix}spectral_scale was trained with σReparam version {saved}, this student "
+                f"uses version {self.version}: set "
+                f"model.student.init_args.spectral_reparam_version: {saved}"
+            )
+            return
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
 
-def enable_spectral_reparam(module: nn.Module) -> int:
-    """Replace every ``nn.Linear`` inside ``module`` by an equal :class:`SpectralLinear`.
+def enable_spectral_reparam(module: nn.Module, version: int = 1) -> int:
+    """Replace every ``nn.Linear`` inside ``module`` by an equal :class:`SpectralLinear` of
+    ``version`` (1: ``gamma = p``; 2: ``gamma = softplus(p) + 0.05``, NVlabs/RADIO).
 
     A child named ``qkv`` (timm's fused attention projection) gets 3 chunks. Returns the number
     of layers replaced; the module computes the same function afterwards.
@@ -197,7 +249,7 @@ def enable_spectral_reparam(module: nn.Module) -> int:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 chunks = 3 if name == "qkv" else 1
-                setattr(parent, name, SpectralLinear.from_linear(child, chunks=chunks))
+                setattr(parent, name, SpectralLinear.from_linear(child, chunks, version))
                 replaced += 1
     return replaced
 

@@ -6,6 +6,7 @@ embedding, the DINOv2 CLS token, nothing for SAM) and spatial features ``z_k^(v)
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,6 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from radio_lit.data.views import teacher_view
+
+# Lightning's summary of a fit counts modules in eval mode: teachers are, by design (train).
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 Each entry calls ``radio_lit.cli.main`` (what the ``radio-lit`` console script runs) with a
 bad command line, in this process, and expects exit code 2, one short message naming the
-option or config key and the problem, no traceback, and no run folder left behind. A few
-checks run the real command in subprocesses (concurrently, one fixture starts them all):
-the exit status seen by a shell, the traceback on request, a diverging run.
+option or config key and the problem, no traceback, and no run folder left behind. Three
+checks run concurrently outside this process (one fixture starts them all): the exit status
+that a shell sees from the real console command, and, forked from the tests' fork server
+(:mod:`tests.forking`), the traceback on request and a diverging run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 from radio_lit import cli
 from radio_lit.data.image_folder import list_images
 from radio_lit.errors import TRACEBACK_ENV
+from tests import forking
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -238,11 +241,20 @@ def test_bad_input_gets_one_short_message_and_exit_code_2(scratch, capsys, name)
     assert not list(scratch.glob("lightning_logs/*/version_*")), "a run folder was left behind"
 
 
-def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """The real ``radio-lit`` command in a fresh interpreter: (exit status, stderr)."""
     command = [sys.executable, "-m", "radio_lit.cli", *args]
-    return subprocess.run(
+    done = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
+    return done.returncode, done.stderr
+
+
+def _forked(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """``radio_lit.cli.main(args)`` in a fork of the tests' fork server: (exit code, stderr)."""
+    folder = Path(tempfile.mkdtemp(prefix="forked-", dir=cwd))  # its stdout and stderr
+    outcome = forking.run("radio_lit.cli:main", [args], folder, env=env, cwd=cwd)
+    return outcome.exitcode, outcome.stderr
 
 
 @pytest.fixture(scope="module")
@@ -253,12 +265,14 @@ def outcomes(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(TRACEBACK_ENV, None)
     jobs = {
-        "missing checkpoint": ([*FIT, "--ckpt_path", str(tmp / "nope.ckpt")], env),
+        "missing checkpoint": (_command, [*FIT, "--ckpt_path", str(tmp / "nope.ckpt")], env),
         "traceback on request": (
+            _forked,
             [*FIT, "--model.student_resolution", "70"],
             {**env, TRACEBACK_ENV: "1"},
         ),
         "diverging run": (
+            _forked,
             [
                 *FIT,
                 "--model.optimizer.init_args.lr",
@@ -274,37 +288,37 @@ def outcomes(tmp_path_factory):
         ),
     }
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(_run, *job, tmp) for name, job in jobs.items()}
+        futures = {name: pool.submit(run, args, e, tmp) for name, (run, args, e) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.mark.slow
 def test_the_command_exits_with_status_2_and_leaves_no_run_folder(outcomes, tmp_path_factory):
-    result = outcomes["missing checkpoint"]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.startswith("radio-lit: error: --ckpt_path: checkpoint"), result.stderr
-    assert len(result.stderr.splitlines()) == 2  # the message and the traceback hint
+    status, stderr = outcomes["missing checkpoint"]
+    assert status == 2, stderr[-3000:]
+    assert stderr.startswith("radio-lit: error: --ckpt_path: checkpoint"), stderr
+    assert len(stderr.splitlines()) == 2  # the message and the traceback hint
     run_dir = next(tmp_path_factory.getbasetemp().glob("catalogue*"))
     assert not (run_dir / "lightning_logs").exists()
 
 
 @pytest.mark.slow
 def test_the_traceback_is_shown_on_request(outcomes):
-    result = outcomes["traceback on request"]
-    assert result.returncode == 2
-    assert "Traceback (most recent call last)" in result.stderr
-    assert "model.student_resolution 70" in result.stderr
+    status, stderr = outcomes["traceback on request"]
+    assert status == 2
+    assert "Traceback (most recent call last)" in stderr
+    assert "model.student_resolution 70" in stderr
 
 
 @pytest.mark.slow
 def test_a_diverging_run_stops_with_the_cause_and_saves_no_nan(outcomes, tmp_path_factory):
     """``radio-lit fit --config configs/quickstart.yaml --model.optimizer.init_args.lr 1e12``."""
-    result = outcomes["diverging run"]
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    assert "radio-lit: error: non-finite gradients at step 1" in result.stderr
-    assert "clip/feature_loss" in result.stderr
-    assert "model.optimizer.init_args.lr" in result.stderr
+    status, stderr = outcomes["diverging run"]
+    assert status == 1, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "radio-lit: error: non-finite gradients at step 1" in stderr
+    assert "clip/feature_loss" in stderr
+    assert "model.optimizer.init_args.lr" in stderr
     run_dir = next(tmp_path_factory.getbasetemp().glob("catalogue*/diverging"))
     for checkpoint in run_dir.rglob("*.ckpt"):
         state = torch.load(checkpoint, weights_only=True)["state_dict"]

@@ -1,5 +1,9 @@
 """Exact resume, the way a user meets it: SIGKILL a real ``radio-lit fit`` and resume it.
 
+The runs are ``radio_lit.cli.main`` (the console script) in processes forked from the tests'
+fork server (:mod:`tests.forking`), each in a session of its own so that SIGKILL reaches its
+DataLoader workers too.
+
 A quickstart-shaped run (the quickstart's tiny CLIP, DINOv2 and SAM teachers and student, the
 shipped photographs with random crops, 2 DataLoader workers, PHI-S statistics estimated over
 the first steps, a frozen trunk, a checkpoint after every step) is killed with SIGKILL while
@@ -13,14 +17,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+from tests import forking
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -80,36 +84,15 @@ def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
     return path
 
 
-def command(config: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "radio_lit.cli",
-        "fit",
-        "--config",
-        QUICKSTART,
-        "--config",
-        str(config),
-        *extra,
-    ]
-
-
-def environment() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+def argv(config: Path, *extra: str) -> list[str]:
+    """``radio-lit``'s arguments for the quickstart with ``config`` on top."""
+    return ["fit", "--config", QUICKSTART, "--config", str(config), *extra]
 
 
 def fit(run_dir: Path, *extra: str) -> dict:
     config = run_dir / "run.yaml" if (run_dir / "run.yaml").exists() else write_config(run_dir)
-    result = subprocess.run(
-        command(config, *extra),
-        cwd=ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = forking.run("radio_lit.cli:main", [argv(config, *extra)], run_dir / "fit", 600)
+    assert result.exitcode == 0, result.stderr[-4000:]
     assert "not resumable" not in result.stderr
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
@@ -117,22 +100,14 @@ def fit(run_dir: Path, *extra: str) -> dict:
 def killed_at(run_dir: Path, step: int) -> Path:
     """Start a run, SIGKILL it when it reaches ``step``; its last checkpoint."""
     config = write_config(run_dir, pause_at=step)
-    process = subprocess.Popen(
-        command(config),
-        cwd=ROOT,
-        env=environment(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    run = forking.start("radio_lit.cli:main", [argv(config)], run_dir / "killed", new_session=True)
     deadline = time.monotonic() + 600
     while not (run_dir / "paused").exists():
-        assert process.poll() is None, process.stderr.read().decode()[-4000:]
+        assert run.alive(), run.err.read_text()[-4000:]
         assert time.monotonic() < deadline, "the run never reached the kill step"
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # the run and its DataLoader workers
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
+    os.killpg(run.pid, signal.SIGKILL)  # the run and its DataLoader workers
+    assert run.wait(time.monotonic() + 60).exitcode == -signal.SIGKILL
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == step
     # the resumed run is a fresh job: same config, without the pause
@@ -141,8 +116,15 @@ def killed_at(run_dir: Path, step: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    return fit(tmp_path_factory.mktemp("uninterrupted"))
+def uninterrupted_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    fit(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_dir):
+    return torch.load(uninterrupted_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
 
 def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
@@ -172,3 +154,17 @@ def test_a_killed_run_resumes_exactly(tmp_path, uninterrupted, kill_at):
     last = killed_at(tmp_path, kill_at)
     resumed = fit(tmp_path, "--ckpt_path", str(last))
     assert_same_run(resumed, uninterrupted)
+
+
+@pytest.mark.slow
+def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupted_dir, tmp_path):
+    """A checkpoint of σReparam version 1 resumed by a version-2 student: exit 2, one line that
+    names the option to set, no traceback."""
+    last = uninterrupted_dir / "checkpoints" / "last.ckpt"
+    extra = ["--ckpt_path", str(last), "--model.student.init_args.spectral_reparam_version", "2"]
+    result = forking.run("radio_lit.cli:main", [argv(write_config(tmp_path), *extra)], tmp_path)
+    assert result.exitcode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
+    assert "--ckpt_path" in error
+    assert "set model.student.init_args.spectral_reparam_version: 1" in error

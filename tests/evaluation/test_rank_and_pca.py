@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from radio_lit.evaluation import PCAColors, PCAFeatureImages, RankMe, pca_image, rank_me
@@ -22,7 +25,7 @@ def rank_r_rows(rows: int, channels: int, rank: int, seed: int = 0) -> torch.Ten
 def test_rankme_of_a_rank_r_matrix_is_r():
     for rank in (1, 5, 17):
         # float64 round-off puts ~1e-16 on the zero eigenvalues; their square roots count a little
-        assert abs(rank_me(rank_r_rows(300, 32, rank)) - rank) < 1e-4
+        assert abs(rank_me(rank_r_rows(300, 32, rank), centered=True) - rank) < 1e-4
 
 
 def test_rankme_of_unequal_singular_values_is_below_the_rank():
@@ -35,8 +38,12 @@ def test_rankme_callback_reports_the_summary_rank(tmp_path):
     train, _ = dataset_root(tmp_path)
     report = RankMe(str(train), crop_size=32).evaluate(mean_color_view())
     # Three colours (with small shifts) span about 2 centered directions of the 3 channels.
-    assert 1.5 < report.scalars["eval/rankme/backbone/summary"] <= 3.0
-    assert set(report.scalars) == {"eval/rankme/backbone/summary", "eval/rankme/backbone/features"}
+    assert 1.5 < report.scalars["eval/rankme_centered/backbone/summary"] <= 3.0
+    assert 1.0 < report.scalars["eval/rankme/backbone/summary"] <= 3.0
+    parts = {f"backbone/{p}" for p in ("summary", "features")}
+    assert set(report.scalars) == {
+        f"eval/{k}/{p}" for k in ("rankme", "rankme_centered") for p in parts
+    }
 
 
 def test_pca_image_shape_range_and_principal_direction():
@@ -70,3 +77,19 @@ def test_pca_callback_logs_the_input_and_each_output():
     }
     for image in report.images.values():
         assert image.shape == (3, 48, 48) and image.min() >= 0 and image.max() <= 1
+
+
+def test_rankme_is_uncentered_and_the_centered_rank_is_apart():
+    """Garrido et al. / PHI-S table 6 take the singular values of the features themselves. Four
+    orthogonal zero-mean ±1 columns of 8 rows (Sylvester Hadamard), the first shifted by 3:
+    centered, four equal singular values (rank 4); uncentered, sqrt(8 + 8 * 9) and three
+    sqrt(8), so exp(H(p)) with p proportional to (sqrt(80), sqrt(8), sqrt(8), sqrt(8))."""
+    h2 = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
+    h8 = torch.kron(torch.kron(h2, h2), h2)
+    rows = h8[:, 1:5].clone()
+    rows[:, 0] += 3.0
+    s = torch.tensor([80.0, 8.0, 8.0, 8.0], dtype=torch.float64).sqrt()
+    p = s / s.sum()
+    expected = math.exp(-(p * p.log()).sum().item())  # 3.413
+    assert rank_me(rows) == pytest.approx(expected, rel=1e-9)
+    assert rank_me(rows, centered=True) == pytest.approx(4.0, rel=1e-9)

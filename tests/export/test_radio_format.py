@@ -169,3 +169,43 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
         main(["export", str(tmp_path / "elsewhere.ckpt")])
     assert stopped.value.code == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_a_base_without_class_token_is_refused_for_radio_in_one_line(
+    trained, tmp_path: Path, capsys
+) -> None:
+    """A SigLIP-style timm base (no class token) would make RADIO's loader read patch tokens
+    as summaries; ``radio-lit export --format radio`` says so in one line, exit 2, and the
+    safetensors export still reproduces the student."""
+    student_config = {
+        "class_path": STUDENT["class_path"],
+        "init_args": {
+            **STUDENT["init_args"],
+            "model_kwargs": {**STUDENT["init_args"]["model_kwargs"], "class_token": False},
+        },
+    }
+    torch.manual_seed(0)
+    student = tiny_student(**student_config["init_args"])
+    module = tiny_module(student=student, teachers=dict(trained.teachers)).eval()
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": module.state_dict()}, checkpoint)
+    config = {"model": {"student": student_config, "teachers": TEACHERS, "student_resolution": 64}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", str(checkpoint), "--format", "radio"])
+    assert stopped.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "no class token" in error and "Traceback" not in error
+    assert "model.student.init_args.model_kwargs.class_token: true" in error
+    assert not (run / "export" / "last.pth").exists()
+
+    main(["export", str(checkpoint), "--format", "safetensors"])
+    written = capsys.readouterr().out.split()
+    images = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        loaded = radio_lit.load(written[0])(images)
+    own = own_outputs(module, images)
+    torch.testing.assert_close(loaded["dino"].features, own["dino"][1], rtol=1e-4, atol=1e-4)

@@ -27,26 +27,55 @@ def test_weighted_is_the_fixed_weight_sum():
     assert {k: w.item() for k, w in weights.items()} == TERMS
 
 
+def _step(balancer: AdaLoss, losses: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One training step of one chunk: observe the terms, then combine them."""
+    balancer.observe([losses], [1.0])
+    return balancer(losses)
+
+
 def test_adaloss_divides_each_term_by_its_detached_moving_average():
     balancer = AdaLoss(TERMS, momentum=0.5)
     assert AdaLoss(TERMS).momentum == 0.99  # AM-RADIO 3.4.1
     # Step 1: the averages start at the first values, so every term is its fixed weight.
-    assert balancer(_losses(2.0, 4.0, 8.0)).item() == pytest.approx(1.0 + 2.0 + 0.5)
+    assert _step(balancer, _losses(2.0, 4.0, 8.0)).item() == pytest.approx(1.0 + 2.0 + 0.5)
     # Step 2: averages 0.5 * 2 + 0.5 * 4 = 3, 0.5 * 4 + 0.5 * 4 = 4, 0.5 * 8 + 0.5 * 0 = 4.
     losses = _losses(4.0, 4.0, 0.0)
-    total = balancer(losses)
+    total = _step(balancer, losses)
     assert total.item() == pytest.approx(4 / 3 + 2 * 4 / 4 + 0.0)
     total.backward()  # the average is a constant: d total / d L = w / E[L]
     assert losses["clip/feature_loss"].grad.item() == pytest.approx(1 / 3)
     assert losses["sam/feature_loss"].grad.item() == pytest.approx(0.5 / 4)
     weights = balancer.effective_weights()
     assert [w.item() for w in weights.values()] == pytest.approx([1 / 3, 2 / 4, 0.5 / 4])
-    # Validation (eval mode) uses the averages without changing them; absent terms keep theirs.
-    balancer.eval()
+    # Validation uses the averages without changing them; absent terms keep theirs.
     assert balancer({"clip/feature_loss": torch.tensor(6.0)}).item() == pytest.approx(2.0)
-    balancer.train()
-    balancer({"clip/feature_loss": torch.tensor(5.0)})
+    _step(balancer, {"clip/feature_loss": torch.tensor(5.0)})
     assert balancer.average.tolist() == pytest.approx([4.0, 4.0, 4.0])
+
+
+def test_adaloss_is_finite_before_its_first_update():
+    """A validation (or sanity) step before any training step: each term weighs w_t, as on
+    the first training step, instead of dividing by ~1e-38."""
+    total = AdaLoss(TERMS)(_losses(2.0, 4.0, 8.0))
+    assert total.item() == pytest.approx(1.0 + 2.0 + 0.5)
+    assert AdaLoss(TERMS)(_losses(0.0, 0.0, 0.0)).item() == 0.0
+
+
+def test_adaloss_updates_once_per_step_and_one_rank_equals_two():
+    """A teacher in two partitions of one rank (chunk values a and b each step) gets one
+    update per step with the mean (a + b) / 2, what two ranks with one chunk each average.
+    Momentum 0.9, three steps of (a, b) = (1, 5), (2, 4), (3, 1): averages 3, 3.0, 2.9 by
+    hand, against 1.76 if each chunk updated the average in turn."""
+    balancer = AdaLoss({"dino/feature_loss": 1.0}, momentum=0.9)
+    for a, b in [(1.0, 5.0), (2.0, 4.0), (3.0, 1.0)]:
+        chunks = [{"dino/feature_loss": torch.tensor(a)}, {"dino/feature_loss": torch.tensor(b)}]
+        balancer.observe(chunks, [1.0, 1.0])
+    assert balancer.average.item() == pytest.approx(2.9)
+    # A partition split over two ranks counts 1/2 on each: its two halves are one partition.
+    halves = AdaLoss({"dino/feature_loss": 1.0}, momentum=0.9)
+    halves.observe([{"dino/feature_loss": torch.tensor(2.0)}] * 2, [0.5, 0.5])
+    halves.observe([{"dino/feature_loss": torch.tensor(6.0)}], [1.0])
+    assert halves.average.item() == pytest.approx(0.9 * 2.0 + 0.1 * 6.0)
 
 
 def test_uncertainty_is_am_radio_eq_6_and_trains_through_the_optimizer():
@@ -185,7 +214,7 @@ def test_balancer_state_is_trained_checkpointed_and_restored(tmp_path):
     assert torch.equal(restored.balancer.log_variance, learned)
 
     averaging = tiny_module(balancer=AdaLoss)
-    averaging.balancer({"clip/feature_loss": torch.tensor(3.0)})
+    averaging.balancer.observe([{"clip/feature_loss": torch.tensor(3.0)}], [1.0])
     resumed = tiny_module(balancer=AdaLoss)
     resumed.load_state_dict(averaging.state_dict())
     assert resumed.balancer.average[0].item() == 3.0 and bool(resumed.balancer.seen[0])

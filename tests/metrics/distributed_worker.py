@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from radio_lit.losses import AdaLoss
 from radio_lit.metrics import DistillationMetrics
-from radio_lit.module import TeacherMatch
+from radio_lit.step import TeacherMatch
 from tests.metrics.test_metrics_distributed import TEACHERS, TERMS, normalizers
 
 
@@ -30,7 +30,7 @@ def main(rank: int, world_size: int, init_file: str, source: str, output: str) -
     values = metrics.compute()
 
     balancer = AdaLoss(TERMS, momentum=0.5)
-    balancer(data["losses"][rank])
+    balancer.observe([data["losses"][rank]], [1.0])
     torch.save({"values": values, "average": balancer.average, "seen": balancer.seen}, output)
     dist.destroy_process_group()
 

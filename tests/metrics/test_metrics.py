@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radio_lit.metrics import DistillationMetrics, ErrorVarianceRange, Fidelity, SummaryCosine
-from radio_lit.module import TeacherMatch
 from radio_lit.normalizers import Identity, Standardize
+from radio_lit.step import TeacherMatch
 
 # Teacher features Y [4 samples, 2 channels]: channel 0 is 0, 2, 0, 2 (mean 1, variance 1);
 # channel 1 is 1, 1, 5, 5 (mean 3, variance 4), so Var[Y] = (1 + 4) / 2 = 2.5.
@@ -110,3 +110,19 @@ def test_distillation_metrics_per_teacher_in_both_spaces():
     assert metrics.updated
     metrics.reset()
     assert not metrics.updated
+
+
+def test_fidelity_conventions_differ_by_the_spread_of_channel_means():
+    """Unit-variance channels whose means spread 2 around 0 (+2, -2, +2, -2): the mean of the
+    per-channel variances is 1, the variance of all elements around one global mean is
+    1 + 4 = 5, so the global-mean fidelity is 5x the per-channel one."""
+    from radio_lit.metrics import Fidelity, GlobalFidelity
+
+    signs = torch.tensor([1.0, -1.0]).repeat(500)[:, None]  # exactly zero mean, unit variance
+    target = signs.repeat(1, 4) + torch.tensor([2.0, -2.0, 2.0, -2.0])
+    prediction = target + 1.0  # MSE 1
+    per_channel, global_mean = Fidelity(4), GlobalFidelity(4)
+    for metric in (per_channel, global_mean):
+        metric.update(prediction, target)
+    assert per_channel.compute().item() == pytest.approx(1.0)
+    assert global_mean.compute().item() == pytest.approx(5.0)

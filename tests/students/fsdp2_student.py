@@ -29,7 +29,8 @@ WORLD_SIZE = 2
 GRID = (4, 4)  # 64 px images, patch 16
 
 
-def _rank(rank: int, port: int, output: str) -> None:
+def run_rank(rank: int, port: int, output: str) -> None:
+    """Rank ``rank`` of the run (the process group through ``127.0.0.1:port``)."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -90,7 +91,7 @@ def _rank(rank: int, port: int, output: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -99,4 +100,4 @@ def _free_port() -> int:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
-    mp.spawn(_rank, args=(_free_port(), sys.argv[1]), nprocs=WORLD_SIZE)
+    mp.spawn(run_rank, args=(free_port(), sys.argv[1]), nprocs=WORLD_SIZE)

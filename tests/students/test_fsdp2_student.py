@@ -1,38 +1,36 @@
 """The student under FSDP2 on 2 CPU/gloo ranks: a sharded CPE grid, float32 CPE sampling
-under a bf16 parameter policy, σReparam state names (runs ``fsdp2_student.py``)."""
+under a bf16 parameter policy, σReparam state names (runs ``fsdp2_student.py``'s ranks)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
+import time
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.distributed
+from tests import forking
+from tests.students import fsdp2_student
 
-SCRIPT = Path(__file__).with_name("fsdp2_student.py")
-REPO = SCRIPT.parents[2]
+pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Both ranks forked from the tests' fork server (:mod:`tests.forking`)."""
     out = tmp_path_factory.mktemp("fsdp2_student")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"2-rank FSDP2 run failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    port = fsdp2_student.free_port()
+    started = [
+        forking.start(
+            "tests.students.fsdp2_student:run_rank", (r, port, str(out)), out / f"log{r}", env=env
+        )
+        for r in range(fsdp2_student.WORLD_SIZE)
+    ]
+    deadline = time.monotonic() + 240
+    for rank, outcome in enumerate([s.wait(deadline) for s in started]):
+        if outcome.exitcode != 0:
+            pytest.fail(f"FSDP2 rank {rank} failed ({outcome.exitcode}):\n{outcome.stderr[-6000:]}")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

@@ -1,8 +1,12 @@
 """σReparam (Zhai et al. 2023, eq. 3; AM-RADIO 4; PHI-S A.7) of the student's linear layers."""
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
+from radio_lit.optim import parameter_groups
 from radio_lit.students import SpectralLinear, fold_spectral_reparam
 from radio_lit.students.spectral_reparam import request_power_iteration
 from tests.builders import tiny_student
@@ -112,3 +116,66 @@ def test_a_checkpoint_without_spectral_state_loads_as_the_same_function():
     torch.testing.assert_close(
         student(images).features, plain(images).features, rtol=1e-5, atol=1e-5
     )
+
+
+def test_version_2_scale_is_softplus_plus_005_and_keeps_the_function():
+    """NVlabs/RADIO's version 2: gamma = softplus(p) + 0.05, initialized to sigma(W)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(6, 9)
+    layer = SpectralLinear.from_linear(linear, chunks=3, version=2)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(layer.eval()(x), linear(x), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        layer.spectral_scale.copy_(torch.tensor([-30.0, 0.0, 2.0]))
+    expected = torch.tensor([0.05, math.log(2) + 0.05, math.log1p(math.exp(2)) + 0.05])
+    torch.testing.assert_close(layer.scale(), expected, rtol=1e-6, atol=1e-6)
+
+
+@torch.no_grad()
+def test_version_2_folds_to_the_same_forward():
+    torch.manual_seed(0)
+    student = tiny_student(spectral_reparam_version=2).train()
+    for _ in range(2):
+        request_power_iteration(student)
+        student(torch.randn(2, 3, 64, 64))
+    for module in student.modules():
+        if isinstance(module, SpectralLinear):
+            assert module.version == 2
+            module.spectral_scale.sub_(0.5)
+    student.eval()
+    images = torch.randn(2, 3, 64, 96)
+    before = student(images)
+    fold_spectral_reparam(student)
+    after = student(images)
+    torch.testing.assert_close(after.features, before.features, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after.summary, before.summary, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_decay_pulls_version_1_to_zero_and_version_2_to_0743():
+    """Decoupled weight decay (the project's optimizer groups decay both scales) shrinks p:
+    version 1's gamma = p goes to 0; version 2's softplus(p) + 0.05 to ln 2 + 0.05."""
+    scales = {}
+    for version in (1, 2):
+        layer = SpectralLinear.from_linear(nn.Linear(6, 9), version=version)
+        groups = parameter_groups(layer.named_parameters(prefix="student"))
+        decayed = next(g for g in groups if g["name"] == "trunk_decay")["params"]
+        assert any(p is layer.spectral_scale for p in decayed)
+        optimizer = torch.optim.AdamW(groups, lr=0.1, weight_decay=1.0)
+        for _ in range(300):
+            for group in groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)  # weight decay alone
+            optimizer.step()
+        scales[version] = layer.scale().item()
+    assert abs(scales[1]) < 1e-6
+    assert scales[2] == pytest.approx(math.log(2) + 0.05, abs=1e-6)
+
+
+def test_a_state_dict_of_the_other_version_is_refused_with_the_option_to_set():
+    v1, v2 = SpectralLinear(6, 9), SpectralLinear(6, 9, version=2)
+    assert "spectral_version" not in v1.state_dict()  # version 1 keeps its earlier names
+    with pytest.raises(RuntimeError, match="spectral_reparam_version: 1"):
+        SpectralLinear(6, 9, version=2).load_state_dict(v1.state_dict())
+    with pytest.raises(RuntimeError, match="spectral_reparam_version: 2"):
+        SpectralLinear(6, 9).load_state_dict(v2.state_dict())
+    SpectralLinear(6, 9, version=2).load_state_dict(v2.state_dict())

@@ -1,0 +1,80 @@
+"""Teacher statistics over the ranks of a run: accumulate, refit, share (PHI-S A.7; AM-RADIO 4).
+
+While a stage estimates its teacher distributions, each step adds every feature a teacher
+produced on this rank (all of its chunks together) to that teacher's normalizer in one
+:meth:`~radio_lit.normalizers.Normalizer.update`, a collective over the ranks that run the
+teacher (its process group); refit steps recompute the transforms. With partitions, a rank
+outside a teacher's group never sees its features: :func:`share_statistics` hands it the
+group's state (count, mean, scatter and fit) from the group's first rank. Every rank calls it
+at each refit and before every checkpoint (which rank 0 writes), in teacher order, so every
+rank issues the same collectives and a checkpoint holds each teacher's complete accumulators
+at the step it is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from radio_lit.normalizers.base import Normalizer
+
+__all__ = ["accumulate_statistics", "complete_checkpoint", "share_statistics", "statistics_ready"]
+
+
+def statistics_ready(normalizers: Mapping[str, Normalizer]) -> bool:
+    """Whether every normalizer can map targets (fitted, or needs no statistics)."""
+    return all(n.is_fitted or not n.requires_statistics for n in normalizers.values())
+
+
+def accumulate_statistics(
+    normalizers: Mapping[str, Normalizer],
+    features: Sequence[Mapping[str, Tensor]],
+    refit: bool,
+    sources: Mapping[str, int],
+) -> None:
+    """Add one step's teacher features to the statistics; on ``refit`` steps, refit and share.
+
+    Args:
+        normalizers: each teacher's normalizer.
+        features: one ``{name: [B, H, W, C]}`` per chunk of this rank's step, on the loss grid;
+            a teacher absent from every chunk is not run by this rank (nor in its group).
+        refit: recompute every transform from everything accumulated, then share it.
+        sources: teacher name -> first global rank of its process group, for teachers that
+            run on only some ranks (:attr:`radio_lit.partitions.PartitionPlan.sources`).
+    """
+    for name, normalizer in normalizers.items():
+        rows = [
+            chunk[name].float().reshape(-1, normalizer.dim) for chunk in features if name in chunk
+        ]
+        if not rows:
+            continue  # not in this teacher's group: it issues none of the group's collectives
+        normalizer.update(torch.cat(rows))
+        if refit:
+            normalizer.fit()
+    if refit:
+        share_statistics(normalizers, sources)
+
+
+def share_statistics(normalizers: Mapping[str, Normalizer], sources: Mapping[str, int]) -> None:
+    """Copy each partially-run teacher's state from its group's first rank to every rank.
+
+    A collective over the world, issued by every rank together (in ``sources``' order).
+    Without torch.distributed, or with every teacher on every rank, it does nothing.
+    """
+    for name, source in sources.items():
+        normalizers[name].broadcast_state(source)
+
+
+def complete_checkpoint(
+    normalizers: Mapping[str, Normalizer], sources: Mapping[str, int], state: dict[str, Tensor]
+) -> None:
+    """Before a checkpoint is written (every rank, together): :func:`share_statistics`, then
+    put the shared buffers into the checkpoint's ``state`` (keys ``normalizers.<name>.*``)."""
+    share_statistics(normalizers, sources)
+    for name in sources:
+        prefix = f"normalizers.{name}."
+        for key, buffer in normalizers[name].state_dict(prefix=prefix).items():
+            if key in state:
+                state[key] = buffer.clone()

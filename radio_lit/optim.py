@@ -1,0 +1,82 @@
+"""The optimizer policy: parameter groups, the weight-decay rule and the LR schedule.
+
+What ``DistillationModule.configure_optimizers`` calls (AM-RADIO 4: AdamW, LR 1e-3; PHI-S A.7:
+σReparam scales are decayed; RADIOv2.5 and PHI-S: linear warm-up then cosine annealing).
+Pure functions of named parameters, as timm's ``param_groups_weight_decay``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from radio_lit.students.spectral_reparam import SPECTRAL_SCALE
+
+__all__ = ["adamw", "optimizer_and_schedule", "parameter_groups", "warmup_cosine", "weight_decayed"]
+
+GROUPS = ("trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay")
+
+
+def weight_decayed(name: str, param: Tensor) -> bool:
+    """Whether the optimizer decays parameter ``name``: matrices do; biases, norms, position
+    embeddings and tokens do not; σReparam scales always do, whatever their shape, so that
+    spectral norms stay small (PHI-S A.7)."""
+    if name.endswith(SPECTRAL_SCALE):
+        return True
+    return param.ndim >= 2 and not name.endswith(("pos_embed", "cls_token", "registers"))
+
+
+def adamw(params: Any) -> torch.optim.Optimizer:
+    """The papers' default optimizer settings (AM-RADIO 4: AdamW, LR 1e-3; weight decay 0.02)."""
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.02)
+
+
+def parameter_groups(named: Iterable[tuple[str, nn.Parameter]]) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: trunk and heads apart, each with and without decay.
+
+    Named ``trunk_decay``, ``trunk_no_decay`` (``student.*``) and ``heads_decay``,
+    ``heads_no_decay`` (everything else); biases, norms, position embeddings and tokens get no
+    weight decay (:func:`weight_decayed`). The trunk has groups of its own so that its
+    optimizer state (e.g. timm ``Lamb``'s per-group step counter) can start afresh when
+    ``FreezeBody`` releases it (PHI-S A.7) while the heads' state carries on.
+    """
+    groups: dict[str, list[nn.Parameter]] = {name: [] for name in GROUPS}
+    for name, param in named:
+        part = "trunk" if name.startswith("student.") else "heads"
+        groups[f"{part}_{'decay' if weight_decayed(name, param) else 'no_decay'}"].append(param)
+    return [
+        {"params": params, "name": name, **({"weight_decay": 0.0} if "no_decay" in name else {})}
+        for name, params in groups.items()
+        if params
+    ]
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up to 1, then cosine annealing to ``min_ratio``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def optimizer_and_schedule(
+    factory: Callable[[Any], torch.optim.Optimizer],
+    named: Iterable[tuple[str, nn.Parameter]],
+    total_steps: int,
+    warmup_steps: int,
+    min_ratio: float,
+) -> dict[str, Any]:
+    """Lightning's ``configure_optimizers`` answer: the optimizer over :func:`parameter_groups`
+    and a per-step :func:`warmup_cosine` schedule over ``total_steps``."""
+    optimizer = factory(parameter_groups(named))
+    total = max(1, int(total_steps))
+    schedule = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, total, min_ratio))
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": schedule, "interval": "step", "name": "lr"},
+    }

@@ -1,0 +1,156 @@
+"""What one distillation step computes, as free functions over tensors (AM-RADIO 3; PHI-S 2).
+
+The data's way through (DESIGN.md): teachers on their own views of the crop
+(:func:`run_teachers`), their features moved to each loss grid (:func:`to_loss_grid`), the
+student's prediction of every teacher through its adaptor heads next to the normalized target
+(:func:`match_teachers`, a :class:`TeacherMatch` per teacher), and the per-teacher loss terms
+(:func:`distillation_losses`), combined by the balancer (:func:`balanced_loss`).
+``DistillationModule`` calls these in order; metrics and callbacks take :class:`TeacherMatch`
+from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from radio_lit.data.views import resize_view
+from radio_lit.grid import GridPolicy, loss_grid, resample
+from radio_lit.losses import Balancer
+from radio_lit.partitions import Chunk
+from radio_lit.students import StudentOutput, TeacherHeads
+from radio_lit.teachers import Teacher, TeacherOutput
+
+__all__ = [
+    "TeacherMatch",
+    "balanced_loss",
+    "distillation_losses",
+    "match_teachers",
+    "run_teachers",
+    "to_loss_grid",
+]
+
+
+@dataclass
+class TeacherMatch:
+    """The student's prediction of one teacher next to that teacher's target.
+
+    Attributes:
+        features: ``[B, H, W, C]`` the feature head's prediction on the loss grid, in the
+            normalizer's target space.
+        target: ``[B, H, W, C]`` the normalized teacher features on the same grid.
+        summary: ``[B, C_s]`` the summary head's prediction, or ``None`` (no summary).
+        summary_target: ``[B, C_s]`` the teacher's summary, or ``None``.
+    """
+
+    features: Tensor
+    target: Tensor
+    summary: Tensor | None = None
+    summary_target: Tensor | None = None
+
+
+def run_teachers(
+    teachers: Mapping[str, Teacher], crop: Tensor, names: Sequence[str], grid: tuple[int, int]
+) -> dict[str, TeacherOutput]:
+    """Frozen teachers ``names`` on their own views of the crop ``[B, 3, S, S]``.
+
+    Each teacher sees its native resolution, or ``grid`` (the student's patch grid) times its
+    patch size if it follows the student. The crop is resized once per distinct view size;
+    each teacher then only normalizes it. Features stay on each teacher's own grid.
+    """
+    resized: dict[tuple[int, int], Tensor] = {}
+    outputs = {}
+    for name in names:
+        teacher = teachers[name]
+        size = teacher.view_size(grid)
+        if size not in resized:
+            resized[size] = resize_view(crop, size)
+        outputs[name] = teacher(resized[size], size)
+    return outputs
+
+
+def to_loss_grid(
+    outputs: Mapping[str, TeacherOutput],
+    teachers: Mapping[str, Teacher],
+    policies: Mapping[str, GridPolicy],
+    grid: tuple[int, int],
+) -> dict[str, TeacherOutput]:
+    """Teacher outputs with features ``[B, H, W, C]`` moved to each teacher's loss grid (grid
+    policy, :mod:`radio_lit.grid`; shrinking antialiased, :func:`radio_lit.grid.resample`)."""
+    moved = {}
+    for name, out in outputs.items():
+        teacher = teachers[name]
+        size = loss_grid(policies[name], grid, out.features.shape[1:3], teacher.interpolatable)
+        moved[name] = TeacherOutput(out.summary, resample(out.features, size))
+    return moved
+
+
+def match_teachers(
+    student: StudentOutput,
+    heads: Mapping[str, TeacherHeads],
+    outputs: Mapping[str, TeacherOutput],
+    targets: Mapping[str, Tensor],
+    summary_token: Mapping[str, int],
+) -> dict[str, TeacherMatch]:
+    """The student's prediction of every teacher in ``outputs``, paired with its target.
+
+    Teacher k's feature head maps the student's patch tokens and the map is brought to the
+    target's grid (the loss grid); its summary head reads the student's summary token
+    ``summary_token[k]`` (AM-RADIO 3.2).
+    """
+    matches: dict[str, TeacherMatch] = {}
+    for name, out in outputs.items():
+        pair = heads[name]
+        target = targets[name]
+        summary = summary_target = None
+        if pair.summary is not None and out.summary is not None:
+            summary = pair.summary(student.summary[:, summary_token[name]])
+            summary_target = out.summary.float()
+        matches[name] = TeacherMatch(
+            features=resample(pair.features(student.features), target.shape[1:3]),
+            target=target,
+            summary=summary,
+            summary_target=summary_target,
+        )
+    return matches
+
+
+def distillation_losses(
+    matches: Mapping[str, TeacherMatch],
+    feature_loss: nn.Module,
+    summary_loss: nn.Module,
+    per_sample: bool = False,
+) -> dict[str, Tensor]:
+    """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc.
+
+    Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer).
+    """
+    kwargs = {"per_sample": True} if per_sample else {}
+    losses: dict[str, Tensor] = {}
+    for name, m in matches.items():
+        losses[f"{name}/feature_loss"] = feature_loss(m.features, m.target, **kwargs)
+        if m.summary is not None and m.summary_target is not None:
+            losses[f"{name}/summary_loss"] = summary_loss(m.summary, m.summary_target, **kwargs)
+    return losses
+
+
+def balanced_loss(
+    balancer: Balancer,
+    chunks: Sequence[Chunk],
+    terms: Sequence[Mapping[str, Tensor]],
+    observe: bool,
+) -> Tensor:
+    """The step's loss: each chunk's loss terms combined by the balancer, weighted by the
+    chunk's share of the update (``Chunk.weight``, :mod:`radio_lit.partitions`).
+
+    With ``observe`` (training), the balancer first sees every chunk's terms once for the
+    whole step (:meth:`radio_lit.losses.Balancer.observe`): one reduction per step on every
+    rank, whatever its number of chunks (DESIGN.md, "Distributed rules").
+    """
+    if observe:
+        balancer.observe(terms, [chunk.fraction for chunk in chunks])
+    losses = [chunk.weight * balancer(t) for chunk, t in zip(chunks, terms, strict=True)]
+    return torch.stack(losses).sum()

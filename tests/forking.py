@@ -1,0 +1,125 @@
+"""Processes forked from one fork server: the tests' way to run many short processes cheaply.
+
+The fork server (``multiprocessing``'s ``forkserver``) imports torch, Lightning and radio-lit
+once per test session (:data:`PRELOAD`); each process is a fork of it, so it costs a fork, not
+the ~7 CPU seconds of imports that a fresh interpreter pays. The server only imports (no thread
+pool, no process group, no tensor computed), so forking it is safe. A process runs one
+function (``"module:function"``) in its own environment and folder, with its stdout and stderr
+in files, and exits as a command would: ``sys.exit(code)`` gives ``code``, an uncaught
+exception 1 (its traceback in stderr), SIGKILL -9.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+#: Imported once by the fork server; the processes' own imports are among these.
+PRELOAD = [
+    "torch",
+    "lightning.pytorch",
+    "radio_lit.cli",
+    "radio_lit.module",
+    "radio_lit.callbacks",
+    "tests.builders",
+]
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+@dataclass
+class Outcome:
+    """How a forked process ended: its exit code and what it wrote."""
+
+    exitcode: int
+    stdout: str
+    stderr: str
+
+
+def _main(
+    function: str,
+    args: Sequence[Any],
+    env: Mapping[str, str],
+    cwd: str,
+    out: str,
+    err: str,
+    new_session: bool,
+) -> None:
+    if new_session:  # its own process group: os.killpg(pid, ...) reaches its children too
+        os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(file, fd)
+        os.close(file)
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    module, name = function.split(":")
+    getattr(importlib.import_module(module), name)(*args)
+
+
+class Forked:
+    """One forked process running ``function(*args)`` (:func:`start`)."""
+
+    def __init__(self, process: Any, out: Path, err: Path) -> None:
+        self.process, self.out, self.err = process, out, err
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def wait(self, deadline: float) -> Outcome:
+        """Wait until ``deadline`` (``time.monotonic()``), kill the process if it is still
+        running, and return how it ended."""
+        self.process.join(max(0.0, deadline - time.monotonic()))
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        return Outcome(self.process.exitcode, self.out.read_text(), self.err.read_text())
+
+
+def start(
+    function: str,
+    args: Sequence[Any],
+    folder: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
+    new_session: bool = False,
+) -> Forked:
+    """Fork ``function(*args)`` (``"module:function"``) with ``env`` (default: this process's
+    environment, one thread) as its whole environment, in ``cwd`` (in a session of its own
+    with ``new_session``); its stdout and stderr go to ``folder/stdout`` and
+    ``folder/stderr``."""
+    environment = {"OMP_NUM_THREADS": "1", **(os.environ if env is None else env)}
+    # The repository is importable, whatever the folder the tests started in.
+    paths = [str(REPO), *filter(None, [environment.get("PYTHONPATH")])]
+    environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    folder.mkdir(parents=True, exist_ok=True)
+    out, err = folder / "stdout", folder / "stderr"
+    process = _CONTEXT.Process(
+        target=_main,
+        args=(function, list(args), environment, str(cwd), str(out), str(err), new_session),
+    )
+    process.start()
+    return Forked(process, out, err)
+
+
+def run(
+    function: str, args: Sequence[Any], folder: Path, timeout: float = 300, **kw: Any
+) -> Outcome:
+    """:func:`start` ``function(*args)`` and wait for it (at most ``timeout`` seconds)."""
+    return start(function, args, folder, **kw).wait(time.monotonic() + timeout)
