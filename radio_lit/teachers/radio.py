@@ -117,7 +117,7 @@ def _load(
     """``(model, patch size, preferred resolution)`` from ``loader``."""
     if loader == "export":
         file = require_file(model, "RADIOTeacher export", "Write one with radio-lit export.")
-        from radio_lit import load  # the export's reader: the file format lives there
+        from radio_lit.export.files import load  # the file format lives with the export
 
         net = load(file)
         if adaptor != "backbone" and adaptor not in net.teacher_names:
