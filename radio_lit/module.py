@@ -35,7 +35,7 @@ from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.partitions import Chunk, Partition, PartitionPlan
-from radio_lit.students import CPEViT, TeacherHeads, shard_student
+from radio_lit.students import CPEViT, ERadio, TeacherHeads, shard_student
 from radio_lit.students.spectral_reparam import SPECTRAL_SCALE, request_power_iteration
 from radio_lit.teachers import Teacher, TeacherOutput
 
@@ -118,7 +118,8 @@ class DistillationModule(pl.LightningModule):
     """Label-free multi-teacher distillation of one student for one training stage.
 
     Args:
-        student: the student backbone (a :class:`~radio_lit.students.CPEViT`).
+        student: the student backbone (a :class:`~radio_lit.students.CPEViT` or an
+            :class:`~radio_lit.students.ERadio`).
         teachers: frozen teachers keyed by name (names key every per-teacher option).
         student_resolution: student input side, or ``(H, W)``; a multiple of its patch size.
         student_mean: pixel mean of the student's input normalization; ``None`` takes the
@@ -155,7 +156,7 @@ class DistillationModule(pl.LightningModule):
 
     def __init__(
         self,
-        student: CPEViT,
+        student: CPEViT | ERadio,
         teachers: dict[str, Teacher],
         student_resolution: int | tuple[int, int] = 256,
         student_mean: tuple[float, float, float] | None = None,

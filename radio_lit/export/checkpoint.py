@@ -59,7 +59,10 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
         )
     student = model["student"] = dict(model["student"])
     # The weights come from the checkpoint: never download or read the initial ones.
-    student["init_args"] = {**student.get("init_args", {}), "pretrained": False, "checkpoint": None}
+    init_args = {**student.get("init_args", {}), "checkpoint": None}
+    if "pretrained" in init_args:  # CPEViT's timm weights; E-RADIO has no such option
+        init_args["pretrained"] = False
+    student["init_args"] = init_args
     skip = set(inspect.signature(DistillationModule).parameters) - _EXPORT_OPTIONS
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(DistillationModule, "model", skip=skip, instantiate=False)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from radio_lit.students.cpe_vit import CPEViT
+from torch import nn
 
 
-def shard_student(student: CPEViT, mesh: Any, mp_policy: Any) -> None:
-    """``fully_shard`` each transformer block, then the student as the root of its own
-    parameters (CPE grid ``[G * G, D]``, summary tokens, patch embedding, norms).
+def shard_student(student: nn.Module, mesh: Any, mp_policy: Any) -> None:
+    """``fully_shard`` each transformer block (``student.blocks``), then the student as the root
+    of its own parameters (CPE ViT: grid ``[G * G, D]``, summary tokens, patch embedding, norms;
+    E-RADIO: convolutional stages, up/downsampling, norms, summary pooling).
 
     Every parameter is sharded on dim 0 over ``mesh``; the CPE grid's dim 0 is ``G * G``, so each
     of ``n`` ranks holds ``ceil(G * G / n)`` rows of it.
