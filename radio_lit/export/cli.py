@@ -1,9 +1,10 @@
-"""``radio-lit export CHECKPOINT [--config CONFIG] [--output STEM] [--format ...]``.
+"""``radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]``.
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
 adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
-with every teacher's normalizer folded into its feature head (PHI-S A.6).
+with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
+writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from pathlib import Path
 
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
+from radio_lit.export.onnx import save_onnx
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="radio-lit export",
-        description="Export a training checkpoint to NVlabs/RADIO's format and safetensors.",
+        description="Export a training checkpoint to NVlabs/RADIO's format, safetensors or ONNX.",
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt written by radio-lit fit")
     parser.add_argument(
@@ -35,9 +37,18 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors"],
+        choices=["both", "radio", "safetensors", "onnx"],
         default="both",
-        help="which files to write (default: both)",
+        help="which files to write: both = radio and safetensors (default: both)",
+    )
+    parser.add_argument(
+        "--resolution",
+        type=int,
+        nargs=2,
+        metavar=("H", "W"),
+        default=None,
+        help="ONNX example input size, the graph's fixed size where H, W cannot be dynamic "
+        "(E-RADIO; default: the training resolution)",
     )
     args = parser.parse_args(argv)
     model = checkpoint_inference_model(args.checkpoint, args.config)
@@ -49,5 +60,8 @@ def main(argv: list[str]) -> None:
         written.append(save_radio(model, stem.with_name(stem.name + ".pth")))
     if args.format in ("both", "safetensors"):
         written.extend(save_safetensors(model, stem.with_name(stem.name + ".safetensors")))
+    if args.format == "onnx":
+        resolution = tuple(args.resolution) if args.resolution else None
+        written.append(save_onnx(model, stem.with_name(stem.name + ".onnx"), resolution))
     for path in written:
         print(path)

@@ -1,16 +1,20 @@
 """The E-RADIO quickstart end to end: ``radio-lit fit`` with falling losses, ``radio-lit
-export``, ``radio_lit.load``, and ``radio-lit evaluate`` printing the token-merging table."""
+export`` (safetensors, and ONNX run by onnxruntime), ``radio_lit.load``, and ``radio-lit
+evaluate`` printing the token-merging table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import radio_lit
 from radio_lit.cli import RadioLitCLI, main
+
+ort = pytest.importorskip("onnxruntime")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [
@@ -51,6 +55,18 @@ def test_eradio_quickstart_trains_exports_loads_and_evaluates(tmp_path, capsys):
     assert out["dino"].features.shape == (2, 4, 6, 48) and out["sam"].summary is None
     for name in out:
         torch.testing.assert_close(out[name].features, direct[name].features)
+
+    main(["export", str(checkpoint), "--format", "onnx", "--resolution", "64", "96"])
+    session = ort.InferenceSession(str(run / "export" / "last.onnx"))
+    names = [o.name for o in session.get_outputs()]
+    for batch in (images, torch.rand(3, 3, 64, 96)):  # dynamic batch, fixed E-RADIO windows
+        got = dict(zip(names, session.run(None, {"images": batch.numpy()}), strict=True))
+        with torch.no_grad():
+            expected = model(batch)
+        for name, value in expected.items():
+            np.testing.assert_allclose(
+                got[f"{name}.features"], value.features.numpy(), atol=1e-4, rtol=1e-4
+            )
 
     preset = tmp_path / "merging.yaml"
     preset.write_text(
