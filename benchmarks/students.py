@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -72,8 +73,10 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
     images = torch.randn(args.batch_size, 3, args.resolution, args.resolution, device=device)
-    print(f"device {device}, {args.dtype}, {args.batch_size} x {args.resolution} px, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"device {device}, {args.dtype}, {args.batch_size} x {args.resolution} px, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("| size | E-RADIO s | ViT/16 s | ViT / E-RADIO |")
     print("| --- | --- | --- | --- |")
     for size in args.sizes:
@@ -82,9 +85,8 @@ def main() -> None:
         vit = make_vit().eval().to(device, dtype)
         x = images.to(dtype)
         with torch.inference_mode():
-            t_e, t_v, ratio = alternate(lambda: eradio(x), lambda: vit(x), args.rounds, sync)
+            t_e, t_v, ratio = alternate(partial(eradio, x), partial(vit, x), args.rounds, sync)
         print(f"| {size} | {t_e:.3f} | {t_v:.3f} | {ratio:.2f} |")
-        del eradio, vit
 
     if device.type != "cpu" or importlib.util.find_spec("onnxruntime") is None:
         print("onnxruntime comparison skipped (CPU only, needs radio-lit[onnx])")
