@@ -1,20 +1,18 @@
-"""The E-RADIO quickstart end to end: ``radio-lit fit`` with falling losses, ``radio-lit
-export`` (safetensors, and ONNX run by onnxruntime), ``radio_lit.load``, and ``radio-lit
-evaluate`` printing the token-merging table."""
+"""The E-RADIO quickstart end to end: ``radio-lit fit`` with falling losses (and the
+quickstart's evaluation measures at the end of fit), ``radio-lit export`` to safetensors,
+``radio_lit.load``, and ``radio-lit evaluate`` printing the token-merging table. (E-RADIO's ONNX
+parity is tested in ``tests/export/test_onnx.py``.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import radio_lit
 from radio_lit.cli import RadioLitCLI, main
-
-ort = pytest.importorskip("onnxruntime")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [
@@ -35,6 +33,10 @@ def test_eradio_quickstart_trains_exports_loads_and_evaluates(tmp_path, capsys):
             str(tmp_path),
             "--trainer.max_steps",
             "25",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.num_sanity_val_steps",
+            "0",
         ]
     )
     assert type(cli.model.student).__name__ == "ERadio"
@@ -43,30 +45,21 @@ def test_eradio_quickstart_trains_exports_loads_and_evaluates(tmp_path, capsys):
     events.Reload()
     for teacher in ("clip", "dino", "sam"):
         values = [e.value for e in events.Scalars(f"train/{teacher}/feature_loss")]
-        assert values[-1] < values[0], f"{teacher} feature loss did not fall: {values}"
+        assert len(values) == 25, values
+        # batches differ: compare the mean of the first and the last five steps
+        assert sum(values[-5:]) < sum(values[:5]), f"{teacher} loss did not fall: {values}"
+    for measure in ("knn", "zero_shot", "rankme"):  # the quickstart's measures ran on E-RADIO
+        assert any(tag.startswith(f"eval/{measure}") for tag in events.Tags()["scalars"]), measure
     checkpoint = run / "checkpoints" / "last.ckpt"
 
     main(["export", str(checkpoint), "--format", "safetensors"])
-    exported = run / "export" / "last.safetensors"
-    model = radio_lit.load(exported)
+    model = radio_lit.load(run / "export" / "last.safetensors")
     images = torch.rand(2, 3, 64, 96)
     with torch.no_grad():
         out, direct = model(images), radio_lit.load(checkpoint)(images)
     assert out["dino"].features.shape == (2, 4, 6, 48) and out["sam"].summary is None
     for name in out:
         torch.testing.assert_close(out[name].features, direct[name].features)
-
-    main(["export", str(checkpoint), "--format", "onnx", "--resolution", "64", "96"])
-    session = ort.InferenceSession(str(run / "export" / "last.onnx"))
-    names = [o.name for o in session.get_outputs()]
-    for batch in (images, torch.rand(3, 3, 64, 96)):  # dynamic batch, fixed E-RADIO windows
-        got = dict(zip(names, session.run(None, {"images": batch.numpy()}), strict=True))
-        with torch.no_grad():
-            expected = model(batch)
-        for name, value in expected.items():
-            np.testing.assert_allclose(
-                got[f"{name}.features"], value.features.numpy(), atol=1e-4, rtol=1e-4
-            )
 
     preset = tmp_path / "merging.yaml"
     preset.write_text(
