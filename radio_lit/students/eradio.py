@@ -47,6 +47,7 @@ from radio_lit.students.eradio_layers import (
     C2f,
     ConvNormAct,
     MultiResolutionLayer,
+    conv_on_tokens,
     downsample,
     upsample,
 )
@@ -162,6 +163,8 @@ class ERadio(nn.Module):
         self.summary_norm = nn.LayerNorm(self.embed_dim)
         if spectral_reparam:
             enable_spectral_reparam(self.blocks)
+        # Convolution weights in the maps' memory format: no per-call reordering.
+        self.to(memory_format=torch.channels_last)
         if checkpoint is not None:
             path = Path(checkpoint)
             if not path.is_file():
@@ -178,16 +181,16 @@ class ERadio(nn.Module):
                 f"{OUTPUT_STRIDE}; pick a student resolution divisible by {OUTPUT_STRIDE}"
             )
         x = F.pad(images, (0, -width % INPUT_MULTIPLE, 0, -height % INPUT_MULTIPLE))
-        x = self.stage1(self.stem(x))
+        x = self.stage1(self.stem(x.contiguous(memory_format=torch.channels_last)))
         x = self.down2(self.stage2(self.down1(x)))
+        x = x.permute(0, 2, 3, 1)  # token map [B, h, w, C]: a view of channels_last
         for layer in self.blocks[: self.stage3_depth]:
             x = layer(x)
-        y = self.down3(x)
+        y = conv_on_tokens(self.down3, x)
         for layer in self.blocks[self.stage3_depth :]:
             y = layer(y)
-        x = x + self.up(y)
-        x = x[..., : height // OUTPUT_STRIDE, : width // OUTPUT_STRIDE]
-        return x.permute(0, 2, 3, 1)
+        x = x + conv_on_tokens(self.up, y)
+        return x[:, : height // OUTPUT_STRIDE, : width // OUTPUT_STRIDE]
 
     def forward(self, images: Tensor) -> StudentOutput:
         """Normalized images ``[B, 3, H, W]`` -> ``summary [B, T, D]`` and

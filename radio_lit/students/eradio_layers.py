@@ -1,36 +1,59 @@
 """The building blocks of E-RADIO (AM-RADIO section 5 and supplement A, figures 5 and 6).
 
+- :class:`ConvBN`: convolution + BatchNorm; in eval mode one convolution with the BatchNorm
+  folded into its weight and bias.
 - :class:`ConvNormAct`: ``Conv2d -> BatchNorm2d -> SiLU``, YOLOv8's convolution unit.
 - :class:`C2f`: YOLOv8's "CSP bottleneck with 2 convolutions" (the two convolutional stages).
 - :func:`downsample`: 3x3 stride-2 convolution + BatchNorm, between stages (supplement A).
-- :class:`WindowedBlock`: a pre-norm transformer block (timm's ``Block``) run inside
-  non-overlapping windows of a feature map (Swin-style windows, AM-RADIO supplement A.1).
+- :class:`WindowedBlock`: a pre-norm transformer block (timm ``Block``'s layout and parameter
+  names) whose attention runs inside non-overlapping windows of a feature map (Swin-style
+  windows, AM-RADIO supplement A.1).
 - :class:`MultiResolutionLayer`: one transformer layer of E-RADIO: windowed attention at the
   map's resolution ("local"), or on the map subsampled 2x by a 3x3 stride-2 convolution and
   brought back by a 3x3 stride-2 deconvolution ("global", supplement A.1, figure 6).
 
-Feature maps are ``[B, C, H, W]`` throughout.
+Convolutions take ``[B, C, H, W]`` maps (E-RADIO keeps them in ``channels_last`` memory);
+transformer layers take and return token maps ``[B, h, w, C]``, so that a permute between the
+two layouts is a view, not a copy.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.models.swin_transformer import window_partition, window_reverse
-from timm.models.vision_transformer import Block
+from timm.layers import Mlp
 from torch import Tensor, nn
 
 
-class ConvNormAct(nn.Sequential):
+class ConvBN(nn.Module):
     """``[B, C_in, H, W] -> [B, C_out, H / stride, W / stride]``: convolution (no bias, "same"
-    padding), BatchNorm, SiLU, as YOLOv8's ``Conv``."""
+    padding), then BatchNorm.
+
+    In eval mode the BatchNorm is folded into the convolution (``w' = w gamma / sigma``,
+    ``b' = beta - mu gamma / sigma``, the fusion of
+    :func:`torch.nn.utils.fusion.fuse_conv_bn_weights`, here differentiable and recomputed
+    from the current parameters on each call): one convolution, same state dict.
+    """
 
     def __init__(self, in_dim: int, out_dim: int, kernel: int = 1, stride: int = 1) -> None:
-        super().__init__(
-            nn.Conv2d(in_dim, out_dim, kernel, stride, padding=kernel // 2, bias=False),
-            nn.BatchNorm2d(out_dim),
-            nn.SiLU(),
-        )
+        super().__init__()
+        self.conv = nn.Conv2d(in_dim, out_dim, kernel, stride, padding=kernel // 2, bias=False)
+        self.bn = nn.BatchNorm2d(out_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training or not self.bn.track_running_stats:
+            return self.bn(self.conv(x))
+        scale = self.bn.weight * torch.rsqrt(self.bn.running_var + self.bn.eps)
+        weight = self.conv.weight * scale.reshape(-1, 1, 1, 1)
+        bias = self.bn.bias - self.bn.running_mean * scale
+        return F.conv2d(x, weight, bias, self.conv.stride, self.conv.padding)
+
+
+class ConvNormAct(ConvBN):
+    """:class:`ConvBN` then SiLU, as YOLOv8's ``Conv``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(super().forward(x))
 
 
 class Bottleneck(nn.Module):
@@ -73,13 +96,10 @@ class C2f(nn.Module):
         return self.cv2(torch.cat(parts, dim=1))
 
 
-def downsample(in_dim: int, out_dim: int) -> nn.Sequential:
+def downsample(in_dim: int, out_dim: int) -> ConvBN:
     """The block between stages (supplement A): 3x3 stride-2 convolution, then BatchNorm.
     ``[B, C_in, H, W] -> [B, C_out, ceil(H / 2), ceil(W / 2)]``."""
-    return nn.Sequential(
-        nn.Conv2d(in_dim, out_dim, 3, stride=2, padding=1, bias=False),
-        nn.BatchNorm2d(out_dim),
-    )
+    return ConvBN(in_dim, out_dim, 3, stride=2)
 
 
 def upsample(in_dim: int, out_dim: int) -> nn.ConvTranspose2d:
@@ -92,12 +112,64 @@ def window_shape(hw: tuple[int, int], window: int) -> tuple[int, int]:
     return min(window, hw[0]), min(window, hw[1])
 
 
-class WindowedBlock(nn.Module):
-    """A timm transformer block (pre-norm attention + MLP) inside non-overlapping windows.
+def conv_on_tokens(conv: nn.Module, x: Tensor) -> Tensor:
+    """A convolution applied to a token map ``[B, h, w, C]``, returning one (views in and out:
+    a contiguous token map is a ``channels_last`` ``[B, C, h, w]`` map)."""
+    return conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
-    The ``h x w`` map is zero-padded at the bottom and right to a multiple of the window; padded
-    positions are masked out as keys, so every real token's output is independent of the
-    padding. A map no larger than the window is one window (global attention).
+
+class WindowAttention(nn.Module):
+    """Multi-head self-attention inside non-overlapping windows, ``[B, h, w, C]`` to the same.
+
+    The query/key/value projection and the output projection run on the map's own tokens. The
+    projected map is zero-padded at the bottom and right to a multiple of the window, cut into
+    windows of ``n = wh ww`` tokens, and each window attends within itself
+    (:func:`torch.nn.functional.scaled_dot_product_attention` over ``[B nW, heads, n, d]``);
+    padded positions are masked out as keys, so every real token's output is independent of the
+    padding. A map no larger than the window is one window (global attention). Parameter names
+    are those of timm's ``Attention`` (``qkv``, ``proj``).
+
+    Args:
+        dim: channels.
+        num_heads: attention heads.
+        window: window side in positions (supplement A.2: 7).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window: int) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"{num_heads} heads do not divide {dim} channels")
+        self.num_heads, self.window = num_heads, window
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, h, w, dim = x.shape
+        wh, ww = window_shape((h, w), self.window)
+        pad_h, pad_w = -h % wh, -w % ww
+        rows, cols = (h + pad_h) // wh, (w + pad_w) // ww
+        qkv = F.pad(self.qkv(x), (0, 0, 0, pad_w, 0, pad_h))
+        heads, head_dim = self.num_heads, dim // self.num_heads
+        # [B, rows, wh, cols, ww, 3, heads, d] -> [3, B rows cols, heads, wh ww, d]
+        qkv = qkv.reshape(batch, rows, wh, cols, ww, 3, heads, head_dim)
+        q, k, v = qkv.permute(5, 0, 1, 3, 6, 2, 4, 7).reshape(3, -1, heads, wh * ww, head_dim)
+        mask = None
+        if pad_h or pad_w:
+            valid = x.new_zeros(h + pad_h, w + pad_w, dtype=torch.bool)
+            valid[:h, :w] = True
+            keys = valid.reshape(rows, wh, cols, ww).permute(0, 2, 1, 3).reshape(-1, wh * ww)
+            mask = keys.repeat(batch, 1)[:, None, None, :]  # windows are batch-major
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # [B rows cols, heads, wh ww, d] -> [B, rows wh, cols ww, C], cropped to the map
+        out = out.reshape(batch, rows, cols, heads, wh, ww, head_dim)
+        out = out.permute(0, 1, 4, 2, 5, 3, 6).reshape(batch, rows * wh, cols * ww, dim)
+        return self.proj(out[:, :h, :w])
+
+
+class WindowedBlock(nn.Module):
+    """A pre-norm transformer block (attention + MLP) with :class:`WindowAttention`,
+    ``[B, h, w, C]`` to the same. Parameter names are those of timm's ``Block``, whose forward
+    it computes within each window.
 
     Args:
         dim: channels.
@@ -108,30 +180,18 @@ class WindowedBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, window: int, mlp_ratio: float) -> None:
         super().__init__()
-        self.window = window
-        self.block = Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, num_heads, window)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, h, w] -> [B, C, h, w]``."""
-        batch, dim, h, w = x.shape
-        wh, ww = window_shape((h, w), self.window)
-        pad_h, pad_w = -h % wh, -w % ww
-        tokens = F.pad(x.permute(0, 2, 3, 1), (0, 0, 0, pad_w, 0, pad_h))
-        hp, wp = h + pad_h, w + pad_w
-        windows = window_partition(tokens, (wh, ww)).reshape(-1, wh * ww, dim)
-        mask = None
-        if pad_h or pad_w:
-            valid = x.new_zeros(1, hp, wp, 1, dtype=torch.bool)
-            valid[:, :h, :w] = True
-            keys = window_partition(valid, (wh, ww)).reshape(-1, 1, 1, wh * ww)
-            mask = keys.repeat(batch, 1, 1, 1)  # windows are batch-major
-        out = self.block(windows, attn_mask=mask).reshape(-1, wh, ww, dim)
-        out = window_reverse(out, (wh, ww), hp, wp)[:, :h, :w]
-        return out.permute(0, 3, 1, 2)
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
 
 
 class MultiResolutionLayer(nn.Module):
-    """One E-RADIO transformer layer (supplement A.1, figure 6), ``[B, C, h, w]`` to the same.
+    """One E-RADIO transformer layer (supplement A.1, figure 6), ``[B, h, w, C]`` to the same.
 
     A depthwise 3x3 convolution adds position information first [choice: windowed attention
     needs some; the paper names none, convolutional position encoding as in CPVT]. Then:
@@ -159,8 +219,9 @@ class MultiResolutionLayer(nn.Module):
         self.up = upsample(dim, dim) if subsample else None
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.pos(x)
+        x = x + conv_on_tokens(self.pos, x)
         if self.down is None or self.up is None:
             return self.attn(x)
-        h, w = x.shape[-2:]
-        return x + self.up(self.attn(self.down(x)))[..., :h, :w]
+        h, w = x.shape[1:3]
+        global_ = self.attn(conv_on_tokens(self.down, x))
+        return x + conv_on_tokens(self.up, global_)[:, :h, :w]

@@ -16,7 +16,7 @@ from radio_lit.export import (
 from radio_lit.export.files import load
 from radio_lit.normalizers import PhiS
 from radio_lit.students import ERadio
-from radio_lit.students.eradio_layers import C2f, WindowedBlock
+from radio_lit.students.eradio_layers import C2f, ConvBN, WindowedBlock
 from tests.builders import cpu_trainer, image_batches, tiny_module
 from tests.export.tiny_export import own_outputs
 
@@ -50,34 +50,54 @@ def test_input_not_a_multiple_of_16_is_refused():
         tiny_eradio()(torch.randn(1, 3, 40, 64))
 
 
-def test_windowed_block_equals_attention_within_each_window():
-    """A 3x3 map in 2x2 windows: padded windows give what the block gives on their real tokens
-    alone (the padding is masked out), checked against timm's Block on each window."""
+def timm_twin(layer: WindowedBlock, dim: int, num_heads: int) -> Block:
+    """timm's Block with the windowed block's weights (same parameter names)."""
+    block = Block(dim, num_heads, mlp_ratio=2.0, qkv_bias=True).eval()
+    block.load_state_dict(layer.state_dict())
+    return block
+
+
+def test_windowed_block_equals_timm_block_within_each_window():
+    """A 3x3 map in 2x2 windows: padded windows give what timm's Block gives on their real
+    tokens alone (the padding is masked out)."""
     torch.manual_seed(0)
     layer = WindowedBlock(dim=8, num_heads=2, window=2, mlp_ratio=2.0).eval()
-    x = torch.randn(2, 8, 3, 3)
+    block = timm_twin(layer, 8, 2)
+    x = torch.randn(2, 3, 3, 8)
     out = layer(x)
-    block: Block = layer.block
-    corners = [(0, 2, 0, 2), (0, 2, 2, 3), (2, 3, 2, 3)]
-    for y0, y1, x0, x1 in corners:
-        ys, xs = slice(y0, y1), slice(x0, x1)
-        window = x[:, :, ys, xs]
-        tokens = window.flatten(2).transpose(1, 2)
-        expected = block(tokens).transpose(1, 2).reshape(window.shape)
-        torch.testing.assert_close(out[:, :, ys, xs], expected, atol=1e-5, rtol=1e-5)
+    for y0, y1, x0, x1 in [(0, 2, 0, 2), (0, 2, 2, 3), (2, 3, 0, 2), (2, 3, 2, 3)]:
+        window = x[:, y0:y1, x0:x1]
+        expected = block(window.flatten(1, 2)).reshape(window.shape)
+        torch.testing.assert_close(out[:, y0:y1, x0:x1], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_a_map_smaller_than_the_window_is_one_global_window():
     torch.manual_seed(0)
     layer = WindowedBlock(dim=8, num_heads=2, window=7, mlp_ratio=2.0).eval()
-    x = torch.randn(1, 8, 3, 5)
-    expected = layer.block(x.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(x.shape)
+    x = torch.randn(1, 3, 5, 8)
+    expected = timm_twin(layer, 8, 2)(x.flatten(1, 2)).reshape(x.shape)
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_eval_folds_batchnorm_into_the_convolution():
+    """Eval mode: one convolution whose output is BatchNorm(conv(x)) with the running
+    statistics; training mode: batch statistics, as BatchNorm2d."""
+    torch.manual_seed(0)
+    layer = ConvBN(6, 10, kernel=3, stride=2)
+    with torch.no_grad():
+        for tensor in (layer.bn.running_mean, layer.bn.weight, layer.bn.bias):
+            tensor.normal_()
+        layer.bn.running_var.uniform_(0.2, 3.0)
+    x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
+    expected = layer.bn.eval()(layer.conv(x))
+    torch.testing.assert_close(layer.eval()(x), expected, atol=1e-5, rtol=1e-5)
+    train = layer.train()(x)
+    torch.testing.assert_close(train.mean(dim=(0, 2, 3)), layer.bn.bias, atol=1e-5, rtol=0)
 
 
 def test_c2f_concatenates_every_bottleneck_output():
     block = C2f(16, depth=3)
-    assert block.cv2[0].in_channels == (2 + 3) * 8
+    assert block.cv2.conv.in_channels == (2 + 3) * 8
     assert block(torch.randn(1, 16, 5, 7)).shape == (1, 16, 5, 7)
 
 
@@ -88,13 +108,13 @@ def test_subsampled_layers_let_attention_reach_beyond_the_local_window():
     model = tiny_eradio(depths=(1, 1, 2, 1)).eval()
     layer = model.blocks[0]
     assert layer.down is not None and model.blocks[1].down is None
-    x = torch.randn(1, 64, 8, 8)
+    x = torch.randn(1, 8, 8, 64)
     bumped = x.clone()
-    bumped[:, :, 0, 0] += 1.0
+    bumped[:, 0, 0] += 1.0
     with torch.no_grad():
-        change = (layer(bumped) - layer(x)).abs().amax(dim=1)[0]
+        change = (layer(bumped) - layer(x)).abs().amax(dim=-1)[0]
         local = model.blocks[1]
-        local_change = (local(bumped) - local(x)).abs().amax(dim=1)[0]
+        local_change = (local(bumped) - local(x)).abs().amax(dim=-1)[0]
     assert change[3, 3] > 0  # a different 2x2 window of the full-resolution map
     assert local_change[3, 3] == 0  # the local layer's position conv and window stay nearby
 
