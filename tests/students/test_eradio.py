@@ -119,6 +119,19 @@ def test_subsampled_layers_let_attention_reach_beyond_the_local_window():
     assert local_change[3, 3] == 0  # the local layer's position conv and window stay nearby
 
 
+def test_summary_queries_get_no_weight_decay():
+    """The summary tokens' learned attention-pooling queries are tokens, like a ViT's CLS
+    token: no weight decay; convolution and projection weights decay, BatchNorm does not."""
+    module = tiny_module(student=tiny_eradio(num_cls_tokens=2))
+    groups = {group["name"]: group["params"] for group in module.parameter_groups()}
+    exempt = {id(p) for p in groups["trunk_no_decay"]}
+    student = module.student
+    assert id(student.summary_pool.latent) in exempt
+    assert id(student.stem[0].bn.weight) in exempt
+    decayed = {id(p) for p in groups["trunk_decay"]}
+    assert {id(student.stem[0].conv.weight), id(student.blocks[0].attn.attn.qkv.weight)} <= decayed
+
+
 def test_plugs_into_training_and_export(tmp_path):
     """A training step with E-RADIO as the student, then the export: safetensors round trip
     equal to the module's own outputs; RADIO's .pth format refused in one line."""
