@@ -30,6 +30,11 @@ Any ``H, W`` multiple of 16 is accepted: the normalized image is zero-padded at 
 right to a multiple of 32 (stage 4's stride), and the output map cropped back to
 ``H / 16 x W / 16`` [choice]. Windows larger than a map shrink to it; maps that windows do not
 tile are padded inside attention with the padding masked out.
+
+Layout for speed (the computation is the one above): convolutions run on ``channels_last``
+maps with ``channels_last`` weights, the transformer stages on ``[B, h, w, C]`` token maps (a
+view of the same memory), projections and MLPs only on the map's own tokens (window padding
+exists only inside attention), and in eval mode each BatchNorm is folded into its convolution.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ class ConvBN(nn.Module):
         if self.training or not self.bn.track_running_stats:
             return self.bn(self.conv(x))
         scale = self.bn.weight * torch.rsqrt(self.bn.running_var + self.bn.eps)
-        weight = self.conv.weight * scale.reshape(-1, 1, 1, 1)
-        bias = self.bn.bias - self.bn.running_mean * scale
+        dtype = self.conv.weight.dtype  # float32 statistics, maybe bf16 parameters (FSDP2)
+        weight = (self.conv.weight * scale.reshape(-1, 1, 1, 1)).to(dtype)
+        bias = (self.bn.bias - self.bn.running_mean * scale).to(dtype)
         return F.conv2d(x, weight, bias, self.conv.stride, self.conv.padding)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -17,6 +18,9 @@ def shard_student(student: nn.Module, mesh: Any, mp_policy: Any) -> None:
     """
     from torch.distributed.fsdp import fully_shard
 
+    # FSDP2 shards contiguous parameters only (E-RADIO keeps its convolution weights
+    # channels_last; its convolutions then take contiguous weights).
+    student.to(memory_format=torch.contiguous_format)
     for block in student.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy)
     fully_shard(student, mesh=mesh, mp_policy=mp_policy)

@@ -1,5 +1,6 @@
-"""The student under FSDP2 on 2 CPU/gloo ranks: a sharded CPE grid, float32 CPE sampling
-under a bf16 parameter policy, σReparam state names (runs ``fsdp2_student.py``)."""
+"""The students under FSDP2 on 2 CPU/gloo ranks (runs ``fsdp2_student.py``): a sharded CPE
+grid, float32 CPE sampling under a bf16 parameter policy, σReparam state names; E-RADIO with
+every parameter sharded, gradients equal to an unsharded run's, BatchNorm statistics per rank."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ REPO = SCRIPT.parents[2]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2_student")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -33,7 +34,17 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     )
     if done.returncode != 0:
         pytest.fail(f"2-rank FSDP2 run failed ({done.returncode}):\n{done.stderr[-6000:]}")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(run: Path) -> list[dict]:
+    return [torch.load(run / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def eradio_ranks(run: Path) -> list[dict]:
+    return [torch.load(run / f"eradio_rank{r}.pt", weights_only=False) for r in range(2)]
 
 
 def test_every_rank_holds_half_of_the_cpe_grid(ranks):
@@ -60,3 +71,18 @@ def test_sharded_state_dict_names_and_spectral_scale_gradients(ranks):
         assert "blocks.0.attn.qkv.spectral_scale" in result["state_dict_keys"]
         assert "blocks.0.attn.qkv.spectral_u" in result["state_dict_keys"]
         assert result["scale_gradients"] == [True] * 8
+
+
+def test_eradio_is_sharded_and_its_gradients_match_an_unsharded_run(eradio_ranks):
+    for name, shape in eradio_ranks[0]["shapes"].items():  # dim 0 is split over the two ranks
+        assert sum(r["local_shapes"][name][0] for r in eradio_ranks) == shape[0], name
+    for result in eradio_ranks:
+        for name, expected in result["expected_gradients"].items():
+            torch.testing.assert_close(result["gradients"][name], expected, msg=name)
+
+
+def test_eradio_batchnorm_running_statistics_are_per_rank(eradio_ranks):
+    assert not torch.allclose(eradio_ranks[0]["running_mean"], eradio_ranks[1]["running_mean"])
+    for result in eradio_ranks:  # eval uses this rank's own statistics
+        torch.testing.assert_close(result["features"], result["expected_features"])
+        torch.testing.assert_close(result["summary"], result["expected_summary"])
