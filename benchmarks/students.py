@@ -13,6 +13,7 @@ teacher head of width 1024) in PyTorch on the CPU against the same model exporte
 time / onnxruntime time. Skipped on a GPU device or without ``radio-lit[onnx]``.
 
     python benchmarks/students.py                          # 512 px, batch 1, CPU
+    python benchmarks/students.py --sizes L --batch-size 4 --no-onnx --threads 1
     python benchmarks/students.py --device cuda --dtype bfloat16 --resolution 512 --batch-size 32
 """
 
@@ -68,7 +69,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", nargs="+", default=["B", "L"], choices=sorted(PAIRS))
+    parser.add_argument("--no-onnx", action="store_true", help="skip part 2")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
@@ -88,6 +93,8 @@ def main() -> None:
             t_e, t_v, ratio = alternate(partial(eradio, x), partial(vit, x), args.rounds, sync)
         print(f"| {size} | {t_e:.3f} | {t_v:.3f} | {ratio:.2f} |")
 
+    if args.no_onnx:
+        return
     if device.type != "cpu" or importlib.util.find_spec("onnxruntime") is None:
         print("onnxruntime comparison skipped (CPU only, needs radio-lit[onnx])")
         return
