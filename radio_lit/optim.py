@@ -24,11 +24,13 @@ GROUPS = ("trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay")
 
 def weight_decayed(name: str, param: Tensor) -> bool:
     """Whether the optimizer decays parameter ``name``: matrices do; biases, norms, position
-    embeddings and tokens do not; σReparam scales always do, whatever their shape, so that
-    spectral norms stay small (PHI-S A.7)."""
+    embeddings and tokens (CLS, registers, E-RADIO's summary queries ``latent``) do not;
+    σReparam scales always do, whatever their shape, so that spectral norms stay small (PHI-S
+    A.7)."""
     if name.endswith(SPECTRAL_SCALE):
         return True
-    return param.ndim >= 2 and not name.endswith(("pos_embed", "cls_token", "registers"))
+    tokens = ("pos_embed", "cls_token", "registers", "latent")
+    return param.ndim >= 2 and not name.endswith(tokens)
 
 
 def adamw(params: Any) -> torch.optim.Optimizer:

@@ -1,5 +1,6 @@
 """What the student learned: kNN and zero-shot classification through the summary, PCA images of
-features, mode switching and scale equivariance across resolutions, RankMe.
+features, mode switching and scale equivariance across resolutions, RankMe, and the
+reconstruction error of output token merging.
 
 Each measure is a Lightning callback (:class:`Evaluation`) that runs every N steps and at the
 end of ``fit``, at the end of ``radio-lit validate`` / ``test``, and from ``radio-lit evaluate``
@@ -13,6 +14,7 @@ from radio_lit.evaluation.knn import KNNClassification, knn_votes
 from radio_lit.evaluation.pca import PCAColors, PCAFeatureImages, pca_image
 from radio_lit.evaluation.rank import RankMe, rank_me
 from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance, scale_variance
+from radio_lit.evaluation.token_merging import TokenMerging
 from radio_lit.evaluation.view import BACKBONE, ModelView, module_view
 from radio_lit.evaluation.zero_shot import ZeroShotClassification, zero_shot_weights
 
@@ -30,6 +32,7 @@ __all__ = [
     "Report",
     "SampleImageClasses",
     "ScaleEquivariance",
+    "TokenMerging",
     "ZeroShotClassification",
     "knn_votes",
     "module_view",

@@ -35,6 +35,7 @@ from radio_lit.evaluation.knn import KNNClassification
 from radio_lit.evaluation.pca import PCAFeatureImages
 from radio_lit.evaluation.rank import RankMe
 from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance
+from radio_lit.evaluation.token_merging import TokenMerging
 from radio_lit.evaluation.view import ModelView, evaluation_mode, module_view
 from radio_lit.evaluation.zero_shot import ZeroShotClassification
 
@@ -100,6 +101,8 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
     points = {f"{tag}@{x}px": y for tag, curve in report.curves.items() for x, y in curve.items()}
     rows = sorted(report.scalars.items()) + list(points.items())
     print(_table(rows, step))
+    for tag, text in report.text.items():
+        print(f"\n{tag}\n{text}")
     if report.images and options.log_dir is None:
         print(f"({len(report.images)} PCA images: give --log_dir to write them to TensorBoard)")
     if options.log_dir is not None:
@@ -154,7 +157,7 @@ def _measures(cli: Any, rest: list[str], has_teachers: bool) -> list[Evaluation]
     if measures:
         return measures
     defaults: list[Evaluation] = [KNNClassification(), PCAFeatureImages(), ScaleEquivariance()]
-    defaults.append(RankMe())
+    defaults += [RankMe(), TokenMerging()]
     if has_teachers:
         defaults += [ZeroShotClassification(), ModeSwitching()]
     return defaults

@@ -6,7 +6,8 @@
   :func:`module_inference_model` (from a ``DistillationModule``),
   :func:`checkpoint_inference_model` (from a ``.ckpt`` and its config): a
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
-- :func:`save_radio`, :func:`save_safetensors`; :func:`load` (also ``radio_lit.load``).
+- :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`; :func:`load` (also
+  ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.export.cli`).
 """
 
@@ -20,6 +21,7 @@ from radio_lit.export.convert import (
 from radio_lit.export.files import load, read_radio, read_safetensors, save_radio, save_safetensors
 from radio_lit.export.fold import fold_affine, fold_normalizer
 from radio_lit.export.model import RadioLitModel
+from radio_lit.export.onnx import save_onnx
 
 __all__ = [
     "RadioLitModel",
@@ -34,5 +36,6 @@ __all__ = [
     "read_radio",
     "read_safetensors",
     "save_radio",
+    "save_onnx",
     "save_safetensors",
 ]

@@ -9,6 +9,8 @@ head widths are all an export needs.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -22,7 +24,7 @@ from torch import Tensor
 from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
-from radio_lit.students import CPEViT, TeacherHeads
+from radio_lit.students import CPEViT, ERadio, TeacherHeads
 from radio_lit.students.heads import summary_token_slots
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ class ExportOptions:
     """The ``model.*`` options an export reads (same names, types and defaults as
     ``DistillationModule``'s); the others (teachers, losses, optimizer, ...) are not read."""
 
-    student: CPEViT
+    student: CPEViT | ERadio
     student_resolution: int | tuple[int, int] = 256
     student_mean: tuple[float, float, float] | None = None
     student_std: tuple[float, float, float] | None = None
@@ -125,7 +127,11 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
         )
     student = model["student"] = dict(model["student"])
     # The weights come from the checkpoint: never download or read the initial ones.
-    student["init_args"] = {**student.get("init_args", {}), "pretrained": False, "checkpoint": None}
+    init_args = {**student.get("init_args", {}), "checkpoint": None}
+    module, _, name = str(student.get("class_path", "")).rpartition(".")
+    if "pretrained" in inspect.signature(getattr(importlib.import_module(module), name)).parameters:
+        init_args["pretrained"] = False  # CPEViT's timm weights; E-RADIO has no such option
+    student["init_args"] = init_args
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ExportOptions, "model", instantiate=False)
     options = {k: v for k, v in model.items() if k in _EXPORT_OPTIONS}

@@ -1,9 +1,10 @@
-"""``radio-lit export CHECKPOINT [--config CONFIG] [--output STEM] [--format ...]``.
+"""``radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]``.
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
 adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
-with every teacher's normalizer folded into its feature head (PHI-S A.6).
+with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
+writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from tqdm.auto import tqdm
 from radio_lit.errors import CommandParser, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
+from radio_lit.export.onnx import save_onnx
 
 
 def main(argv: list[str]) -> None:
     parser = CommandParser(
         prog="radio-lit export",
-        description="Export a training checkpoint to NVlabs/RADIO's format and safetensors.",
+        description="Export a training checkpoint to NVlabs/RADIO's format, safetensors or ONNX.",
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt written by radio-lit fit")
     parser.add_argument(
@@ -37,9 +39,18 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors"],
+        choices=["both", "radio", "safetensors", "onnx"],
         default="both",
-        help="which files to write (default: both)",
+        help="which files to write: both = radio and safetensors (default: both)",
+    )
+    parser.add_argument(
+        "--resolution",
+        type=int,
+        nargs=2,
+        metavar=("H", "W"),
+        default=None,
+        help="ONNX example input size, the graph's fixed size where H, W cannot be dynamic "
+        "(E-RADIO; default: the training resolution)",
     )
     args = parser.parse_args(argv)
     checkpoint_file(args.checkpoint, "checkpoint")
@@ -59,6 +70,11 @@ def main(argv: list[str]) -> None:
         if "safetensors" in formats:
             bar.set_postfix_str("write .safetensors")
             written.extend(save_safetensors(model, stem.with_name(stem.name + ".safetensors")))
+            bar.update()
+        if "onnx" in formats:
+            bar.set_postfix_str("write .onnx")
+            resolution = tuple(args.resolution) if args.resolution else None
+            written.append(save_onnx(model, stem.with_name(stem.name + ".onnx"), resolution))
             bar.update()
     for path in written:
         print(path)

@@ -1,11 +1,12 @@
 """From a trained student, its heads and normalizers to the exported model (RADIO layout).
 
-The conversion is exact in eval mode: σReparam is folded into plain linear weights, the
-patch-embedding bias into the position embedding (bilinear resampling of the grid preserves a
-constant), the ``[G * G, D]`` CPE grid becomes RADIO's ``[1, G * G, D]``, the summary tokens
-and registers become ``cls_token.token``, and each feature head absorbs its normalizer's
-inverse (PHI-S A.6). What RADIO's format cannot express is reported by
-:func:`radio_incompatibilities` with the student option that fixes it.
+The conversion is exact in eval mode. For a CPE ViT student: σReparam is folded into plain
+linear weights, the patch-embedding bias into the position embedding (bilinear resampling of
+the grid preserves a constant), the ``[G * G, D]`` CPE grid becomes RADIO's ``[1, G * G, D]``,
+the summary tokens and registers become ``cls_token.token``, and each feature head absorbs its
+normalizer's inverse (PHI-S A.6). An E-RADIO student is exported as it is (σReparam folded)
+under ``base_model.model.*``, with its architecture in the config. What RADIO's format cannot
+express is reported by :func:`radio_incompatibilities` with the student option that fixes it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from radio_lit.export.fold import fold_normalizer
 from radio_lit.export.model import (
+    ERadioBackbone,
     InputConditioner,
     PatchGenerator,
     RadioBackbone,
@@ -26,7 +28,7 @@ from radio_lit.export.model import (
     zero_summary_head,
 )
 from radio_lit.normalizers import Normalizer
-from radio_lit.students import CPEViT, TeacherHeads, fold_spectral_reparam
+from radio_lit.students import CPEViT, ERadio, TeacherHeads, fold_spectral_reparam
 
 #: NVlabs/RADIO adaptor ``type`` per radio-lit teacher class (an unregistered type gets RADIO's
 #: GenericAdaptor; ``open_clip`` also loads the CLIP text tower, see :func:`teacher_entry`).
@@ -119,10 +121,36 @@ def radio_config(
     }
 
 
+def eradio_config(
+    student: ERadio, teachers: list[dict[str, Any]], resolution: tuple[int, int]
+) -> dict[str, Any]:
+    """The exported config of an E-RADIO student: its architecture under ``radio_lit.eradio``
+    (what :class:`~radio_lit.students.ERadio` is built from), JSON-serializable."""
+    return {
+        "model": "e-radio",
+        "teachers": teachers,
+        "radio_lit": {
+            "format_version": 1,
+            "architecture": "e-radio",
+            "eradio": dict(student.arch),
+            "patch_size": student.patch_size,
+            "num_cls_tokens": student.num_cls_tokens,
+            "num_registers": 0,
+            "preferred_resolution": list(resolution),
+        },
+    }
+
+
 def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
     """Why NVlabs/RADIO's loader would not reproduce this model (empty if it would)."""
     extras = config["radio_lit"]
     teachers = config["teachers"]
+    if extras.get("architecture") == "e-radio":
+        return [
+            "radio-lit's E-RADIO is written from the AM-RADIO paper and its weights are not laid "
+            "out as NVlabs/RADIO's E-RADIO code expects: export it with --format safetensors "
+            "(or onnx)"
+        ]
     problems = []
     if extras["cpe_align_corners"]:
         problems.append(
@@ -166,7 +194,7 @@ def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
 
 
 def inference_model(
-    student: CPEViT,
+    student: CPEViT | ERadio,
     heads: Mapping[str, TeacherHeads],
     normalizers: Mapping[str, Normalizer],
     teachers: list[dict[str, Any]],
@@ -188,6 +216,34 @@ def inference_model(
     Returns:
         A :class:`RadioLitModel` in eval mode, on the student's device.
     """
+    if isinstance(student, ERadio):
+        eradio = fold_spectral_reparam(copy.deepcopy(student)).eval()
+        config = eradio_config(eradio, teachers, resolution)
+        backbone: nn.Module = ERadioBackbone(eradio)
+    else:
+        config, backbone = _vit_backbone(student, teachers, resolution)
+    summary_heads, feature_heads = {}, {}
+    for name, head in heads.items():
+        summary_heads[name] = (
+            copy.deepcopy(head.summary)
+            if head.summary is not None
+            else zero_summary_head(student.embed_dim)
+        )
+        feature_heads[name] = fold_normalizer(head.features, normalizers[name])
+    model = RadioLitModel(
+        config,
+        backbone,
+        InputConditioner(tuple(pixel_mean), tuple(pixel_std)),
+        summary_heads,
+        feature_heads,
+    )
+    return model.to(next(student.parameters()).device)
+
+
+def _vit_backbone(
+    student: CPEViT, teachers: list[dict[str, Any]], resolution: tuple[int, int]
+) -> tuple[dict[str, Any], RadioBackbone]:
+    """The RADIO config and trunk (``base_model``) of a CPE ViT student (σReparam folded)."""
     student = fold_spectral_reparam(copy.deepcopy(student)).eval()
     for part, module in [
         ("norm_pre", student.norm_pre),
@@ -216,26 +272,14 @@ def inference_model(
         if student.registers is not None:
             prefix.append(student.registers.detach()[0])
         generator.cls_token.token.copy_(torch.cat(prefix))
-    summary_heads, feature_heads = {}, {}
-    for name, head in heads.items():
-        summary_heads[name] = (
-            copy.deepcopy(head.summary) if head.summary is not None else zero_summary_head(dim)
-        )
-        feature_heads[name] = fold_normalizer(head.features, normalizers[name])
-    model = RadioLitModel(
-        config,
-        RadioBackbone(
-            generator,
-            student.blocks,
-            student.norm,
-            student.vitdet_eval_window_size,
-            list(student.windowed),
-        ),
-        InputConditioner(tuple(pixel_mean), tuple(pixel_std)),
-        summary_heads,
-        feature_heads,
+    backbone = RadioBackbone(
+        generator,
+        student.blocks,
+        student.norm,
+        student.vitdet_eval_window_size,
+        list(student.windowed),
     )
-    return model.to(student.pos_embed.device)
+    return config, backbone
 
 
 def teacher_slots(

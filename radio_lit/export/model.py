@@ -18,6 +18,10 @@ tokens, ``R`` registers):
   feature heads output the teacher's own space: the normalizer is folded into ``final.2``
   (PHI-S A.6).
 
+An E-RADIO student (:class:`~radio_lit.students.ERadio`) is exported under
+``base_model.model.*`` with its own layer names and its architecture in
+``config["radio_lit"]["eradio"]``; NVlabs/RADIO cannot load it, radio-lit's loader can.
+
 The forward follows the format's definition (NVlabs/RADIO ``RADIOModel.forward`` in eval
 mode) and returns radio-lit's inference output, ``dict[str, TeacherOutput]``.
 """
@@ -31,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from radio_lit.students import MLPHead
+from radio_lit.students import ERadio, MLPHead
 from radio_lit.students.cpe_vit import cpe_eval_window
 from radio_lit.students.vitdet import run_windowed
 from radio_lit.teachers.base import TeacherOutput
@@ -138,6 +142,20 @@ class RadioBackbone(nn.Module):
         return self.norm(run_windowed(self.blocks, tokens, prefix, (h, w), window, self.windowed))
 
 
+class ERadioBackbone(nn.Module):
+    """An E-RADIO student as the exported trunk (``base_model``): ``[B, 3, H, W]`` normalized
+    images -> ``[B, T + h w, D]``, its ``T`` summary tokens then its output map, row-major
+    (the token layout of :class:`RadioBackbone`, with no registers)."""
+
+    def __init__(self, model: ERadio) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> Tensor:
+        out = self.model(images)
+        return torch.cat([out.summary, out.features.flatten(1, 2)], dim=1)
+
+
 def timm_trunk(config: dict[str, Any]) -> nn.Module:
     """The timm VisionTransformer that ``config["model"]`` and ``model_kwargs`` describe, as
     NVlabs/RADIO's ``create_model_from_args`` builds it (random weights, no classifier), without
@@ -182,7 +200,7 @@ class RadioLitModel(nn.Module):
     def __init__(
         self,
         config: dict[str, Any],
-        base_model: RadioBackbone,
+        base_model: RadioBackbone | ERadioBackbone,
         input_conditioner: InputConditioner,
         heads: dict[str, MLPHead],
         feature_projections: dict[str, MLPHead],
@@ -215,31 +233,19 @@ class RadioLitModel(nn.Module):
     ) -> RadioLitModel:
         """Build the model ``config`` describes and load ``state`` (RADIO key names) strictly."""
         extras = config["radio_lit"]
-        vit = timm_trunk(config)
-        dim = int(vit.embed_dim)
-        patch = int(extras["patch_size"])
-        generator = PatchGenerator(
-            patch,
-            dim,
-            grid_side=int(config["cpe_max_size"]) // patch,
-            num_prefix=int(extras["num_cls_tokens"]) + int(extras["num_registers"]),
-            align_corners=bool(extras["cpe_align_corners"]),
-        )
-        norm = vit.norm if config["model_norm"] else nn.Identity()
         heads, projections = {}, {}
         for teacher in config["teachers"]:
             name = teacher["name"]
             heads[name] = _head_like(state, f"_heads.{name}.")
             projections[name] = _head_like(state, f"_feature_projections.{name}.")
+        backbone = (
+            ERadioBackbone(ERadio(**extras["eradio"]))
+            if extras.get("architecture") == "e-radio"
+            else _vit_trunk(config)
+        )
         model = cls(
             config,
-            RadioBackbone(
-                generator,
-                vit.blocks,
-                norm,
-                extras.get("vitdet_window_size"),
-                extras.get("vitdet_windowed"),
-            ),
+            backbone,
             InputConditioner((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
             heads,
             projections,
@@ -265,8 +271,8 @@ class RadioLitModel(nn.Module):
                 )
             x = F.pad(x, (0, -width % p, 0, -height % p))
         h, w = x.shape[-2] // p, x.shape[-1] // p
-        weight = self.base_model.patch_generator.embedder.weight
-        tokens = self.base_model(x.to(weight.dtype))
+        dtype = next(self.base_model.parameters()).dtype
+        tokens = self.base_model(x.to(dtype))
         batch, _, dim = tokens.shape
         summary = tokens[:, : self.num_cls_tokens]
         features = tokens[:, self.num_prefix :].reshape(batch, h, w, dim)
@@ -278,6 +284,28 @@ class RadioLitModel(nn.Module):
                 features=projection(features),
             )
         return outputs
+
+
+def _vit_trunk(config: dict[str, Any]) -> RadioBackbone:
+    """The CPE ViT trunk (random weights) that a RADIO config describes."""
+    extras = config["radio_lit"]
+    vit = timm_trunk(config)
+    patch = int(extras["patch_size"])
+    generator = PatchGenerator(
+        patch,
+        int(vit.embed_dim),
+        grid_side=int(config["cpe_max_size"]) // patch,
+        num_prefix=int(extras["num_cls_tokens"]) + int(extras["num_registers"]),
+        align_corners=bool(extras["cpe_align_corners"]),
+    )
+    norm = vit.norm if config["model_norm"] else nn.Identity()
+    return RadioBackbone(
+        generator,
+        vit.blocks,
+        norm,
+        extras.get("vitdet_window_size"),
+        extras.get("vitdet_windowed"),
+    )
 
 
 def _head_like(state: dict[str, Tensor], prefix: str) -> MLPHead:

@@ -1,6 +1,8 @@
-"""Student backbones, their per-teacher adaptor heads, σReparam and FSDP2 sharding."""
+"""Student backbones (CPE ViT, E-RADIO), their per-teacher adaptor heads, σReparam and FSDP2
+sharding."""
 
 from radio_lit.students.cpe_vit import CPEViT, StudentOutput
+from radio_lit.students.eradio import ERadio
 from radio_lit.students.heads import MLPHead, TeacherHeads
 from radio_lit.students.sharding import shard_student
 from radio_lit.students.spectral_reparam import (
@@ -11,6 +13,7 @@ from radio_lit.students.spectral_reparam import (
 
 __all__ = [
     "CPEViT",
+    "ERadio",
     "StudentOutput",
     "MLPHead",
     "TeacherHeads",

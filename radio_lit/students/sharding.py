@@ -9,25 +9,34 @@ import torch
 from torch import nn
 
 from radio_lit.students.cpe_vit import CPEViT
+from radio_lit.students.eradio import ERadio
 from radio_lit.students.heads import TeacherHeads
 
 
-def shard_student(student: CPEViT, mesh: Any, mp_policy: Any) -> None:
-    """``fully_shard`` each transformer block, then the student as the root of its own
-    parameters (CPE grid ``[G * G, D]``, summary tokens, patch embedding, norms).
+def shard_student(student: nn.Module, mesh: Any, mp_policy: Any) -> None:
+    """``fully_shard`` each transformer block (``student.blocks``), then the student as the root
+    of its own parameters (CPE ViT: grid ``[G * G, D]``, summary tokens, patch embedding, norms;
+    E-RADIO: convolutional stages, up/downsampling, norms, summary pooling).
 
     Every parameter is sharded on dim 0 over ``mesh``; the CPE grid's dim 0 is ``G * G``, so each
     of ``n`` ranks holds ``ceil(G * G / n)`` rows of it.
     """
     from torch.distributed.fsdp import fully_shard
 
+    # FSDP2 shards contiguous parameters only (E-RADIO keeps its convolution weights
+    # channels_last; its convolutions then take contiguous weights).
+    student.to(memory_format=torch.contiguous_format)
     for block in student.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy)
     fully_shard(student, mesh=mesh, mp_policy=mp_policy)
 
 
 def shard_for_training(
-    student: CPEViT, heads: Iterable[TeacherHeads], extra: nn.Module, mesh: Any, bf16: bool
+    student: CPEViT | ERadio,
+    heads: Iterable[TeacherHeads],
+    extra: nn.Module,
+    mesh: Any,
+    bf16: bool,
 ) -> None:
     """``fully_shard`` the student (:func:`shard_student`), every adaptor head and, if it has
     parameters (a learned loss balance), ``extra``; teachers are never passed here.

@@ -1,4 +1,5 @@
-"""Two CPU/gloo ranks shard a tiny CPE ViT student with FSDP2 and write what the test checks.
+"""Two CPU/gloo ranks shard a tiny CPE ViT and a tiny E-RADIO student with FSDP2 and write
+what the tests check.
 
 Usage::
 
@@ -10,6 +11,14 @@ a bf16 parameter policy (``MixedPrecisionPolicy(param_dtype=bfloat16)``); it run
 step and one eval forward. Each rank writes ``rank{R}.pt`` with local shard shapes, state-dict
 keys, and the position embeddings the sharded student sampled next to those an unsharded
 float32 copy samples with the same RNG state.
+
+The E-RADIO student is sharded the same way (its transformer layers, then the root:
+convolutional stages, BatchNorm, up/downsampling, summary pooling), float32. Rank ``r`` runs a
+training step on its half of a batch, then an eval forward on the whole batch; unsharded copies
+run the same step on each half (gradients averaged, as FSDP2 reduces them). BatchNorm buffers
+are neither sharded nor synchronized: each rank's running statistics are those of its own
+batches. Each rank writes ``eradio_rank{R}.pt`` with its outputs, the gathered gradients, local
+shard shapes, and the reference values.
 """
 
 from __future__ import annotations
@@ -87,8 +96,54 @@ def run_rank(rank: int, port: int, output: str) -> None:
         ],
     }
     torch.save(result, Path(output) / f"rank{rank}.pt")
+    torch.save(_eradio(rank, mesh), Path(output) / f"eradio_rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _eradio_loss(out) -> torch.Tensor:
+    return out.features.square().mean() + out.summary.square().mean()
+
+
+def _eradio(rank: int, mesh) -> dict:
+    """The E-RADIO run of one rank (module docstring); returns what ``eradio_rank{R}.pt`` holds."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from radio_lit.students import ERadio, shard_student
+
+    torch.manual_seed(0)
+    student = ERadio(width=16, depths=(1, 1, 1, 1), window_size=2, head_dim=16)
+    reference = copy.deepcopy(student)
+    images = torch.randn(4, 3, 64, 48, generator=torch.Generator().manual_seed(0))
+    halves = images.chunk(WORLD_SIZE)
+
+    shard_student(student, mesh, MixedPrecisionPolicy())
+    _eradio_loss(student.train()(halves[rank])).backward()
+    with torch.no_grad():
+        evaluated = student.eval()(images)
+    student.reshard()  # the root keeps its parameters gathered after a no-grad forward
+
+    gradients: dict[str, torch.Tensor] = {}
+    for index, half in enumerate(halves):  # unsharded copies; FSDP2 averages the gradients
+        copied = copy.deepcopy(reference)
+        (_eradio_loss(copied.train()(half)) / WORLD_SIZE).backward()
+        for name, param in copied.named_parameters():
+            gradients[name] = gradients.get(name, 0) + param.grad
+        if index == rank:
+            own = copied  # BatchNorm running statistics: updated by this rank's half alone
+    with torch.no_grad():
+        expected = own.eval()(images)
+    return {
+        "local_shapes": {n: tuple(p.to_local().shape) for n, p in student.named_parameters()},
+        "shapes": {n: tuple(p.shape) for n, p in student.named_parameters()},
+        "gradients": {n: p.grad.full_tensor() for n, p in student.named_parameters()},
+        "expected_gradients": gradients,
+        "features": evaluated.features,
+        "summary": evaluated.summary,
+        "expected_features": expected.features,
+        "expected_summary": expected.summary,
+        "running_mean": student.stem[0].bn.running_mean,
+    }
 
 
 def free_port() -> int:

@@ -1,10 +1,12 @@
-"""The student under FSDP2 on 2 CPU/gloo ranks: a sharded CPE grid, float32 CPE sampling
-under a bf16 parameter policy, σReparam state names (runs ``fsdp2_student.py``'s ranks)."""
+"""The students under FSDP2 on 2 CPU/gloo ranks (runs ``fsdp2_student.py``): a sharded CPE
+grid, float32 CPE sampling under a bf16 parameter policy, σReparam state names; E-RADIO with
+every parameter sharded, gradients equal to an unsharded run's, BatchNorm statistics per rank."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +18,8 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """Both ranks forked from the tests' fork server (:mod:`tests.forking`)."""
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both ranks forked from the tests' fork server (:mod:`tests.forking`); their folder."""
     out = tmp_path_factory.mktemp("fsdp2_student")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
     port = fsdp2_student.free_port()
@@ -31,7 +33,17 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     for rank, outcome in enumerate([s.wait(deadline) for s in started]):
         if outcome.exitcode != 0:
             pytest.fail(f"FSDP2 rank {rank} failed ({outcome.exitcode}):\n{outcome.stderr[-6000:]}")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(run: Path) -> list[dict]:
+    return [torch.load(run / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def eradio_ranks(run: Path) -> list[dict]:
+    return [torch.load(run / f"eradio_rank{r}.pt", weights_only=False) for r in range(2)]
 
 
 def test_every_rank_holds_half_of_the_cpe_grid(ranks):
@@ -58,3 +70,18 @@ def test_sharded_state_dict_names_and_spectral_scale_gradients(ranks):
         assert "blocks.0.attn.qkv.spectral_scale" in result["state_dict_keys"]
         assert "blocks.0.attn.qkv.spectral_u" in result["state_dict_keys"]
         assert result["scale_gradients"] == [True] * 8
+
+
+def test_eradio_is_sharded_and_its_gradients_match_an_unsharded_run(eradio_ranks):
+    for name, shape in eradio_ranks[0]["shapes"].items():  # dim 0 is split over the two ranks
+        assert sum(r["local_shapes"][name][0] for r in eradio_ranks) == shape[0], name
+    for result in eradio_ranks:
+        for name, expected in result["expected_gradients"].items():
+            torch.testing.assert_close(result["gradients"][name], expected, msg=name)
+
+
+def test_eradio_batchnorm_running_statistics_are_per_rank(eradio_ranks):
+    assert not torch.allclose(eradio_ranks[0]["running_mean"], eradio_ranks[1]["running_mean"])
+    for result in eradio_ranks:  # eval uses this rank's own statistics
+        torch.testing.assert_close(result["features"], result["expected_features"])
+        torch.testing.assert_close(result["summary"], result["expected_summary"])
