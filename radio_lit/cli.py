@@ -55,6 +55,7 @@ class RadioLitCLI(LightningCLI):
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
     "evaluate": "radio_lit.evaluation.command:evaluate",
+    "cache": "radio_lit.cache.writer:main",
     "export": "radio_lit.export.cli:main",
 }
 

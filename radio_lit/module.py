@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
+from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import student_weights
@@ -40,6 +41,7 @@ from radio_lit.step import (
     distillation_losses,
     match_teachers,
     run_teachers,
+    teacher_outputs,
     to_loss_grid,
 )
 from radio_lit.students import CPEViT
@@ -295,11 +297,14 @@ class DistillationModule(pl.LightningModule):
         """Per-teacher loss terms ``"<teacher>/feature_loss"`` etc. (scalars, or ``[B]``)."""
         return distillation_losses(matches, self.feature_loss, self.summary_loss, per_sample)
 
-    def _shared_step(self, batch: Tensor, stage: str) -> Tensor:
-        crop = as_float_images(batch)
+    def _shared_step(self, batch: Tensor | CachedBatch, stage: str) -> Tensor:
+        crop = as_float_images(student_pixels(batch))
         chunks = self.partitions.chunks(crop, train=stage == "train")
-        outputs = [
-            self.on_loss_grid(self.run_teachers(c.crop, c.teachers, c.resolution), c.resolution)
+        outputs = [  # live teachers, or the outputs a radio_lit.cache.CachedViews batch carries
+            self.on_loss_grid(
+                teacher_outputs(self.teachers, batch, c, self._student_grid(c.resolution)),
+                c.resolution,
+            )
             for c in chunks
         ]
         targets = self.normalized_targets(outputs)
@@ -342,7 +347,7 @@ class DistillationModule(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
 
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
         request_power_iteration(self.student)  # σReparam: one per step, not per forward
         return self._shared_step(batch, "train")
 

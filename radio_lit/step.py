@@ -1,8 +1,9 @@
 """What one distillation step computes, as free functions over tensors (AM-RADIO 3; PHI-S 2).
 
 The data's way through (DESIGN.md): teachers on their own views of the crop
-(:func:`run_teachers`), their features moved to each loss grid (:func:`to_loss_grid`), the
-student's prediction of every teacher through its adaptor heads next to the normalized target
+(:func:`run_teachers`), or their outputs read from a cached batch (:func:`teacher_outputs`),
+their features moved to each loss grid (:func:`to_loss_grid`), the student's prediction of
+every teacher through its adaptor heads next to the normalized target
 (:func:`match_teachers`, a :class:`TeacherMatch` per teacher), and the per-teacher loss terms
 (:func:`distillation_losses`). ``DistillationModule`` calls these in order; metrics and
 callbacks take :class:`TeacherMatch` from here.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from radio_lit.cache.batch import CachedBatch
 from radio_lit.data.views import resize_view
 from radio_lit.grid import GridPolicy, loss_grid, resample
 from radio_lit.partitions import Chunk
@@ -27,6 +29,7 @@ __all__ = [
     "distillation_losses",
     "match_teachers",
     "run_teachers",
+    "teacher_outputs",
     "to_loss_grid",
 ]
 
@@ -67,6 +70,19 @@ def run_teachers(
             resized[size] = resize_view(crop, size)
         outputs[name] = teacher(resized[size], size)
     return outputs
+
+
+def teacher_outputs(
+    teachers: Mapping[str, Teacher], batch: object, chunk: Chunk, grid: tuple[int, int]
+) -> dict[str, TeacherOutput]:
+    """The outputs of ``chunk``'s teachers on its images, on each teacher's own grid: read
+    from a :class:`~radio_lit.cache.CachedBatch` (the views a teacher would see at the
+    student's ``grid``), or by running the live teachers on ``chunk.crop`` (:func:`run_teachers`).
+    """
+    if isinstance(batch, CachedBatch):
+        sizes = {name: teachers[name].view_size(grid) for name in chunk.teachers}
+        return batch.teacher_outputs(chunk.rows, chunk.teachers, sizes)
+    return run_teachers(teachers, chunk.crop, chunk.teachers, grid)
 
 
 def to_loss_grid(
