@@ -9,7 +9,7 @@ found before training starts.
 
 A shard is written to ``shard-<j>.tar.partial`` and renamed when complete, after its index:
 an interrupted writer leaves only finished shards under their final names, and the next run
-rewrites the partial one.
+rewrites the partial one (into the same bytes: shards are reproducible).
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ from safetensors.torch import load as load_safetensors
 from torch import Tensor
 from webdataset import TarWriter
 
-__all__ = ["ShardReader", "shard_is_complete", "shard_path", "write_shard"]
+__all__ = ["TAR_OPTIONS", "ShardReader", "shard_is_complete", "shard_path", "write_shard"]
+
+#: ``webdataset.TarWriter`` options: payloads are bytes already; a fixed member time makes a
+#: shard's bytes depend on its samples only (a rewritten shard is the same file).
+TAR_OPTIONS = {"encoder": False, "mtime": 0.0}
 
 
 def shard_path(folder: Path, shard: int) -> Path:
@@ -44,7 +48,7 @@ def write_shard(folder: Path, shard: int, samples: Iterable[tuple[str, bytes]]) 
     rename it into place (see the module docstring)."""
     final = shard_path(folder, shard)
     partial = final.with_name(final.name + ".partial")
-    with TarWriter(str(partial), encoder=False) as writer:
+    with TarWriter(str(partial), **TAR_OPTIONS) as writer:
         for key, payload in samples:
             writer.write({"__key__": key, "safetensors": payload})
     with tarfile.open(partial) as tar:

@@ -11,7 +11,8 @@ teacher on it at every view size the run can show it (its native resolution, or 
 student resolution of its partitions if it follows the student), with the step's own code
 (:func:`~radio_lit.step.run_teachers`). Stored per view: the crop (uint8, what the
 student's view is made from) and each teacher's summary and features on its own grid, before
-normalization, in ``--dtype``. Layout: :mod:`radio_lit.cache.shards`, :mod:`radio_lit.cache.manifest`.
+normalization, in ``--dtype``. Layout: :mod:`radio_lit.cache.shards`,
+:mod:`radio_lit.cache.manifest`.
 
 The size is printed before anything is written, and the command refuses to start if the disk
 lacks the room. Interrupted, it resumes: finished shards are kept, a partial one is rewritten.
@@ -41,7 +42,7 @@ from webdataset import TarWriter
 
 from radio_lit.cache.batch import output_key
 from radio_lit.cache.manifest import DTYPES, Manifest, teacher_signature, view_sizes
-from radio_lit.cache.shards import sample_key, shard_is_complete, write_shard
+from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
 from radio_lit.step import run_teachers
@@ -203,7 +204,7 @@ def _tar_bytes(payload: bytes) -> int:
     sizes = []
     for count in (1, 2):
         buffer = io.BytesIO()
-        with TarWriter(buffer, encoder=False) as writer:
+        with TarWriter(buffer, **TAR_OPTIONS) as writer:
             for n in range(count):
                 writer.write({"__key__": sample_key(n, 0), "safetensors": payload})
             sizes.append(writer.tarstream.offset)
