@@ -120,6 +120,7 @@ def test_cache_layout(written: tuple[Path, Path]) -> None:
     assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
 
 
+@pytest.mark.slow
 def test_fit_from_cache(written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     config, cache = written
     argv = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
@@ -166,6 +167,7 @@ def test_disjoint_shards(tmp_path: Path, written: tuple[Path, Path]) -> None:
         assert (tmp_path / path.name).read_bytes() == path.read_bytes()
 
 
+@pytest.mark.slow
 def test_bad_caches_give_one_line(
     tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -70,6 +70,7 @@ def _fit(module: Any, data: Any, root: Path) -> list[torch.Tensor]:
     return losses.values
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partitions", [False, True], ids=["one-partition", "partitions-multires"])
 def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool) -> None:
     data = _data()
