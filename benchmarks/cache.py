@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
                 times[side] += _time_fit(module, loader, args.steps, args.warmup)
 
     per_view = ", ".join(f"{k} {v} B" for k, v in manifest.bytes_per_view.items())
-    print(f"config: {args.config}, batch {datamodule.batch_size}, {torch.get_num_threads()} threads")
+    print(
+        f"config: {args.config}, batch {datamodule.batch_size}, {torch.get_num_threads()} threads"
+    )
     print(f"bytes per view: {per_view}; {manifest.sample_bytes} B per view in a shard")
     print(
         f"cache write: {manifest.num_samples} views in {seconds:.1f} s = "

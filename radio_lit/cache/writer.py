@@ -65,7 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", action="append", required=True, help="the run's config(s)")
     parser.add_argument("--out", type=Path, required=True, help="the cache folder")
-    parser.add_argument("--views", type=int, default=8, help="views per image (default: 8)")
+    parser.add_argument(
+        "--views",
+        default="8",
+        help="views per image (default: 8), or 'epochs': as many as the run has epochs, so "
+        "that a run from the cache sees what the live run would (max_steps over the "
+        "steps of an epoch on one rank)",
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--samples-per-shard", type=int, default=None, help="default: ~256 MiB")
     parser.add_argument("--shard-index", type=int, default=int(os.environ.get("RANK", 0)))
@@ -80,8 +86,8 @@ def main(argv: Sequence[str]) -> None:
     args, overrides = parser.parse_known_args(list(argv))
     if overrides and not overrides[0].startswith("--"):
         parser.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
-    if args.views < 1:
-        parser.error(f"--views must be at least 1, got {args.views}")
+    if args.views != "epochs" and not (args.views.isdigit() and int(args.views) >= 1):
+        parser.error(f"--views must be a positive integer or 'epochs', got {args.views!r}")
     if not 0 <= args.shard_index < args.num_shards:
         parser.error(
             f"--shard-index {args.shard_index} must lie in [0, --num-shards {args.num_shards})"
@@ -90,12 +96,13 @@ def main(argv: Sequence[str]) -> None:
         if not Path(config).is_file():
             parser.error(f"--config {config}: no such config file")
     cli = _build_run([a for config in args.config for a in ("--config", config)] + overrides)
+    views = _run_epochs(cli) if args.views == "epochs" else int(args.views)
     write_cache(
         cli.model,
         cli.datamodule,
         cli.config.as_dict(),
         args.out,
-        views=args.views,
+        views=views,
         dtype=args.dtype,
         samples_per_shard=args.samples_per_shard,
         shard_index=args.shard_index,
@@ -113,6 +120,16 @@ def _build_run(args: list[str]) -> Any:
     with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit cache`
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         return RadioLitCLI(args=[*args, "--trainer.logger", "false"], run=False)
+
+
+def _run_epochs(cli: Any) -> int:
+    """The number of epochs a one-rank run of ``cli``'s config starts (``max_steps``, else
+    ``max_epochs``)."""
+    trainer, datamodule = cli.trainer, cli.datamodule
+    if trainer.max_steps is None or trainer.max_steps < 0:
+        return max(1, int(trainer.max_epochs or 1))
+    steps_per_epoch = len(datamodule.build_train_dataset()) // datamodule.batch_size
+    return max(1, -(-trainer.max_steps // max(1, steps_per_epoch)))
 
 
 def _device(device: str | None) -> torch.device:
