@@ -58,15 +58,18 @@ def _data() -> ImageFolderDataModule:
     return ImageFolderDataModule(SAMPLE_IMAGES, crop_size=96, batch_size=4, num_workers=0)
 
 
-def _fit(module: Any, data: Any, root: Path) -> list[torch.Tensor]:
+def _fit(
+    module: Any, data: Any, root: Path, *extra: Callback, seed: int = 0, **options: Any
+) -> list[torch.Tensor]:
+    """The step losses of one fit (``extra`` callbacks and ``Trainer.fit`` / Trainer options
+    beside the statistics estimation and frozen trunk of a stage's start)."""
     losses = Losses()
-    callbacks = [
-        TeacherStatsEstimation(steps=3, refit_every=1, log_spectrum=False),
-        FreezeBody(steps=2),
-        losses,
-    ]
-    torch.manual_seed(0)  # the step's own draws (student resolution) start alike
-    cpu_trainer(root, max_steps=STEPS, callbacks=callbacks).fit(module, datamodule=data)
+    stats = TeacherStatsEstimation(steps=3, refit_every=1, log_spectrum=False)
+    callbacks = [stats, FreezeBody(steps=2), *extra, losses]
+    ckpt_path = options.pop("ckpt_path", None)
+    torch.manual_seed(seed)  # the step's own draws (student resolution) start alike
+    trainer = cpu_trainer(root, max_steps=STEPS, callbacks=callbacks, **options)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return losses.values
 
 
@@ -86,3 +89,49 @@ def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool) -> None:
     assert len(live) == len(cached) == STEPS
     differences = [float((a - b).abs()) for a, b in zip(live, cached, strict=True)]
     assert max(differences) == 0.0, differences
+
+
+class StopAt(Callback):
+    """Stops the run after ``step`` optimizer steps, as a preemption would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.slow
+def test_a_run_from_the_cache_resumes_exactly(tmp_path: Path) -> None:
+    """Interrupted mid-epoch (step 3 of 4) and resumed from its checkpoint, a run from the
+    cache continues with the same views and the same losses."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from radio_lit.callbacks import RandomStates
+
+    config = {"model": {"teachers": {}}, "data": {"class_path": "ImageFolderDataModule"}}
+    write_cache(_module(False), _data(), config, tmp_path / "cache", views=2)
+    data = lambda: CachedViews(str(tmp_path / "cache"))  # noqa: E731
+    whole = _fit(_module(False), data(), tmp_path / "whole")
+
+    saved = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    first = _fit(
+        _module(False),
+        data(),
+        tmp_path,
+        RandomStates(),
+        saved,
+        StopAt(3),
+        enable_checkpointing=True,
+    )
+    checkpoint = next((tmp_path / "ckpt").glob("*step=3.ckpt"))
+    # a fresh process's RNG state, whatever it is: the checkpoint restores the run's
+    rest = _fit(
+        _module(False), data(), tmp_path, RandomStates(), seed=123, ckpt_path=str(checkpoint)
+    )
+
+    assert len(first) == 3 and len(rest) == 1
+    assert torch.equal(torch.stack(first + rest), torch.stack(whole))
