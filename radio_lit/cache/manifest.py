@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -148,7 +149,7 @@ class Manifest:
     def save(self, folder: Path) -> None:
         record = {**asdict(self), "hash": self.content_hash}
         path = folder / MANIFEST
-        partial = path.with_suffix(".json.partial")
+        partial = path.with_suffix(f".json.{os.getpid()}.partial")  # writers may run at once
         partial.write_text(json.dumps(record, indent=2, default=str) + "\n")
         partial.replace(path)
 
