@@ -185,6 +185,7 @@ def _has_progress_bar(callbacks: Any) -> bool:
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
     "evaluate": "radio_lit.evaluation.command:evaluate",
+    "cache": "radio_lit.cache.writer:main",
     "export": "radio_lit.export.cli:main",
     "predict": "radio_lit.predict:main",
 }

@@ -1,11 +1,8 @@
 """DistillationModule: one LightningModule per training stage (AM-RADIO sections 3-4; PHI-S 2).
 
-It orchestrates: each step's logic lives in the component named for it (DESIGN.md, "One
-training step"): views and partitions (:mod:`radio_lit.partitions`), teachers, grid matching
-and heads (:mod:`radio_lit.step`), normalizers and their statistics
-(:mod:`radio_lit.normalizers.statistics`), losses and balancers (:mod:`radio_lit.losses`),
-metrics and logging (:mod:`radio_lit.metrics`), the optimizer (:mod:`radio_lit.optim`),
-sharding (:mod:`radio_lit.students.sharding`) and checkpoints (:mod:`radio_lit.export`).
+It orchestrates; each step's logic lives in its component (DESIGN.md, "One training step"):
+partitions, step (teachers, grid, heads), normalizers.statistics, losses, metrics, optim,
+students.sharding, export (checkpoints), cache (recorded teacher outputs).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
+from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
@@ -31,7 +29,7 @@ from radio_lit.normalizers.statistics import (
     statistics_ready,
 )
 from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
-from radio_lit.partitions import Partition, PartitionPlan, idle_heads_term
+from radio_lit.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
 from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
 from radio_lit.step import (
     TeacherMatch,
@@ -39,6 +37,7 @@ from radio_lit.step import (
     distillation_losses,
     match_teachers,
     run_teachers,
+    teacher_outputs,
     to_loss_grid,
 )
 from radio_lit.students import CPEViT, ERadio
@@ -205,11 +204,11 @@ class DistillationModule(pl.LightningModule):
         height, width = resolution or self.student_resolution
         return height // self.student.patch_size, width // self.student.patch_size
 
-    def on_loss_grid(
-        self, outputs: Mapping[str, TeacherOutput], student_resolution: tuple[int, int] | None
-    ) -> dict[str, TeacherOutput]:
-        """Teacher outputs with features moved to each teacher's loss grid."""
-        grid = self._student_grid(student_resolution)
+    def chunk_teachers(self, batch: Tensor | CachedBatch, chunk: Chunk) -> dict[str, TeacherOutput]:
+        """A chunk's teacher outputs (live, or those a radio_lit.cache batch carries) on the
+        loss grid."""
+        grid = self._student_grid(chunk.resolution)
+        outputs = teacher_outputs(self.teachers, batch, chunk, grid)
         return to_loss_grid(outputs, self.teachers, self.grid_policies, grid)
 
     def normalized_targets(
@@ -241,14 +240,11 @@ class DistillationModule(pl.LightningModule):
         """Per-teacher loss terms ``"<teacher>/feature_loss"`` etc. (scalars, or ``[B]``)."""
         return distillation_losses(matches, self.feature_loss, self.summary_loss, per_sample)
 
-    def _shared_step(self, batch: Tensor, stage: str) -> Tensor:
+    def _shared_step(self, batch: Tensor | CachedBatch, stage: str) -> Tensor:
         train = stage == "train"
-        crop = as_float_images(batch)  # data
+        crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
-        outputs = [  # teachers, on the loss grid
-            self.on_loss_grid(self.run_teachers(c.crop, c.teachers, c.resolution), c.resolution)
-            for c in chunks
-        ]
+        outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
         matches = [  # student and heads
             self.match(c.crop, out, target, c.resolution)
@@ -276,7 +272,7 @@ class DistillationModule(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
         request_power_iteration(self.student)  # σReparam: one per step, not per forward
         return self._shared_step(batch, "train")
 

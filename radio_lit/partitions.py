@@ -75,6 +75,8 @@ class Chunk:
         fraction: this rank's share of the partition's batch, ``1 / |R_p|`` in training (1 in
             evaluation), so that per-step averages over chunks (AdaLoss) count each partition
             once whatever the number of ranks it is split over.
+        rows: the rows of the rank's batch that ``crop`` holds (what else the batch carries
+            for these images, e.g. cached teacher outputs, is sliced alike).
     """
 
     partition: str
@@ -83,6 +85,7 @@ class Chunk:
     resolution: tuple[int, int]
     weight: float
     fraction: float = 1.0
+    rows: slice = field(default_factory=lambda: slice(None))
 
 
 def assign_ranks(shares: Sequence[float], world_size: int) -> list[list[int]]:
@@ -275,9 +278,11 @@ class PartitionPlan:
                 )
             pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
-            part_crop = crop[start:stop]
+            rows = slice(start, stop)
             chunks.append(
-                Chunk(name, part_crop, self.members[name], sizes[pick], weight, 1 / len(ranks))
+                Chunk(
+                    name, crop[rows], self.members[name], sizes[pick], weight, 1 / len(ranks), rows
+                )
             )
             start = stop
         return chunks

@@ -1,8 +1,9 @@
 """What one distillation step computes, as free functions over tensors (AM-RADIO 3; PHI-S 2).
 
 The data's way through (DESIGN.md): teachers on their own views of the crop
-(:func:`run_teachers`), their features moved to each loss grid (:func:`to_loss_grid`), the
-student's prediction of every teacher through its adaptor heads next to the normalized target
+(:func:`run_teachers`), or their outputs read from a cached batch (:func:`teacher_outputs`),
+their features moved to each loss grid (:func:`to_loss_grid`), the student's prediction of
+every teacher through its adaptor heads next to the normalized target
 (:func:`match_teachers`, a :class:`TeacherMatch` per teacher), and the per-teacher loss terms
 (:func:`distillation_losses`), combined by the balancer (:func:`balanced_loss`).
 ``DistillationModule`` calls these in order; metrics and callbacks take :class:`TeacherMatch`
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from radio_lit.cache.batch import CachedBatch
 from radio_lit.data.views import resize_view
 from radio_lit.grid import GridPolicy, loss_grid, resample
 from radio_lit.losses import Balancer
@@ -30,6 +32,7 @@ __all__ = [
     "distillation_losses",
     "match_teachers",
     "run_teachers",
+    "teacher_outputs",
     "to_loss_grid",
 ]
 
@@ -70,6 +73,19 @@ def run_teachers(
             resized[size] = resize_view(crop, size)
         outputs[name] = teacher(resized[size], size)
     return outputs
+
+
+def teacher_outputs(
+    teachers: Mapping[str, Teacher], batch: object, chunk: Chunk, grid: tuple[int, int]
+) -> dict[str, TeacherOutput]:
+    """The outputs of ``chunk``'s teachers on its images, on each teacher's own grid: read
+    from a :class:`~radio_lit.cache.CachedBatch` (the views a teacher would see at the
+    student's ``grid``), or by running the live teachers on ``chunk.crop`` (:func:`run_teachers`).
+    """
+    if isinstance(batch, CachedBatch):
+        sizes = {name: teachers[name].view_size(grid) for name in chunk.teachers}
+        return batch.teacher_outputs(chunk.rows, chunk.teachers, sizes)
+    return run_teachers(teachers, chunk.crop, chunk.teachers, grid)
 
 
 def to_loss_grid(

@@ -11,6 +11,15 @@ runner writes ``OUT/results.csv`` (rows x metrics) and one markdown table per pa
     radio-lit ablate                                   # the twelve rows, small scale, CPU
     radio-lit ablate --rows MSE PHI-S --trainer.max_steps 100
     radio-lit ablate --base configs/stage1.yaml --out runs/phi-s-ablations   # real scale
+    radio-lit ablate --cache runs/ablations-cache --seeds 3   # teachers once, 3 seeds per row
+
+``--cache DIR`` runs the teachers once for all rows: ``radio-lit cache --views epochs`` writes
+the base's views to ``DIR`` (kept, and reused by later ablations with the same base), and
+every row trains from it (``data: radio_lit.cache.CachedViews``), the same run as a live one
+(the rows differ after the teachers: normalizer, loss, balancer). ``--seeds N`` trains each
+row with seeds 0 (the base's ``seed_everything``) to N-1 and prints mean ± std tables, marking
+with ``≈`` the values within the seeds' spread of their column's best. With random-weight
+teachers the seed also draws the teachers, so each seed has its own cache (``DIR-seed<s>``).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -72,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of the rows' override configs (default: %(default)s)",
     )
     parser.add_argument(
+        "--seeds", type=int, default=1, help="seeds per row; tables show mean ± std (default 1)"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="teacher-feature cache folder: written once (radio-lit cache), then every row "
+        "trains from it",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("runs") / "ablations",
@@ -92,8 +112,10 @@ def main(argv: Sequence[str]) -> None:
         rows = resolve_rows(args.rows, args.rows_dir)
     except ValueError as err:
         parser.error(f"--rows: {err}")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
     try:
-        failed = run_ablation(rows, args.base, overrides, args.out)
+        failed = run_ablation(rows, args.base, overrides, args.out, args.seeds, args.cache)
     except ValueError as err:
         parser.error(str(err))
     if failed:
@@ -106,6 +128,33 @@ def _subprocess_env() -> dict[str, str]:
     root = str(Path(radio_lit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
+
+
+def _seed_overrides(seed: int) -> list[str]:
+    """Seed 0 is the base's own ``seed_everything``."""
+    return [] if seed == 0 else ["--seed_everything", str(seed)]
+
+
+def _cache_dir(cache: Path, seed: int) -> Path:
+    return cache if seed == 0 else cache.with_name(f"{cache.name}-seed{seed}")
+
+
+def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path, seed: int) -> None:
+    """``radio-lit cache`` for the base (the rows share its teachers and data)."""
+    log_path = out / "logs" / f"cache-seed{seed}.log"
+    command = [sys.executable, "-m", "radio_lit.cli", "cache", "--config", str(base)]
+    command += [*overrides, *_seed_overrides(seed), "--out", str(folder), "--views", "epochs"]
+    start = time.monotonic()
+    print(f"cache (seed {seed}): writing the teachers' outputs to {folder}", flush=True)
+    with log_path.open("w") as log:
+        status = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env(), check=False
+        ).returncode
+    if status != 0:
+        raise ValueError(
+            f"radio-lit cache failed (exit {status}), see {log_path}:\n{_tail(log_path)}"
+        )
+    print(f"cache (seed {seed}): ready in {_clock(time.monotonic() - start)}", flush=True)
 
 
 def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> list[str]:
@@ -240,8 +289,16 @@ def _run_row(row: Row, index: int, command: list[str], out: Path, progress: _Pro
     return process.returncode
 
 
-def run_ablation(rows: list[Row], base: Path, overrides: list[str], out: Path) -> list[str]:
-    """Run the rows not yet finished in ``out``, then write and print the tables.
+def run_ablation(
+    rows: list[Row],
+    base: Path,
+    overrides: list[str],
+    out: Path,
+    seeds: int = 1,
+    cache: Path | None = None,
+) -> list[str]:
+    """Run the rows (each with ``seeds`` seeds; from the cache ``cache`` if given) not yet
+    finished in ``out``, then write and print the tables.
 
     Returns:
         the names of the rows that failed.
@@ -261,16 +318,28 @@ def run_ablation(rows: list[Row], base: Path, overrides: list[str], out: Path) -
             f"{out} holds rows {other} run with another base or overrides "
             f"({finished[other[0]]['setup']}); use another --out or remove {out / 'rows'}"
         )
-    todo = [row for row in rows if row.slug not in finished]
-    for row in rows:
+    runs = [
+        (Row(row.name, row.slug if seed == 0 else f"{row.slug}-seed{seed}", row.config), seed)
+        for row in rows
+        for seed in range(seeds)
+    ]
+    todo = [(row, seed) for row, seed in runs if row.slug not in finished]
+    for row, _ in runs:
         if row.slug in finished:
             print(f"{row.name}: already done in {out / 'rows' / row.slug}.json, skipped")
+    if cache is not None:
+        for seed in sorted({seed for _, seed in todo}):
+            _write_cache(base, overrides, _cache_dir(cache, seed), out, seed)
 
     progress = _Progress(len(todo))
     failed = []
-    for index, row in enumerate(todo, start=1):
+    for index, (row, seed) in enumerate(todo, start=1):
         row_start = time.monotonic()
-        command = _fit_command(row, base, overrides, out)
+        data = []
+        if cache is not None:
+            data = ["--data", "radio_lit.cache.CachedViews", "--data.path"]
+            data.append(str(_cache_dir(cache, seed)))
+        command = _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
         status = _run_row(row, index, command, out, progress)
         metrics = _read_json(out / "rows" / f"{row.slug}.metrics.json")
         seconds = time.monotonic() - row_start
@@ -283,6 +352,7 @@ def run_ablation(rows: list[Row], base: Path, overrides: list[str], out: Path) -
         progress.row_done(seconds, int(metrics["step"]))
         result = {
             "row": row.name,
+            "seed": seed,
             "setup": setup,
             "config": str(row.config),
             "seconds": round(seconds, 1),
@@ -307,14 +377,48 @@ def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:
     results = sorted(finished.values(), key=lambda r: (order.get(r["row"], len(ROWS)), r["row"]))
     if not results:
         return
-    metrics = {r["row"]: r["metrics"] for r in results}
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        by_row.setdefault(result["row"], []).append(result)
+    metrics = {name: _mean_metrics(runs) for name, runs in by_row.items()}
+    spreads = None
+    if any(len(runs) > 1 for runs in by_row.values()):
+        spreads = {name: _std_metrics(runs) for name, runs in by_row.items()}
     write_csv(
         out / "results.csv",
-        {r["row"]: {"seconds": r["seconds"], "step": r["step"], **r["metrics"]} for r in results},
+        {
+            name: {
+                "seeds": len(runs),
+                "seconds": sum(r["seconds"] for r in runs),
+                "step": runs[0]["step"],
+                **metrics[name],
+                **{f"{k} std": v for k, v in (spreads or {}).get(name, {}).items()},
+            }
+            for name, runs in by_row.items()
+        },
     )
     text = []
-    for key, table in all_tables(metrics).items():
+    for key, table in all_tables(metrics, spreads).items():
         (out / f"{key}.md").write_text(table.markdown())
         text.append(table.markdown())
     print("\n" + "\n".join(text), flush=True)
     print(f"tables: {out}/*.md, all metrics: {out / 'results.csv'}", flush=True)
+
+
+def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each metric's mean over a row's seeds."""
+    tags = {tag for run in runs for tag in run["metrics"]}
+    return {
+        tag: statistics.fmean(run["metrics"][tag] for run in runs if tag in run["metrics"])
+        for tag in sorted(tags)
+    }
+
+
+def _std_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each metric's sample standard deviation over a row's seeds (0 for a single seed)."""
+    tags = {tag for run in runs for tag in run["metrics"]}
+    spreads = {}
+    for tag in sorted(tags):
+        values = [run["metrics"][tag] for run in runs if tag in run["metrics"]]
+        spreads[tag] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return spreads

@@ -83,22 +83,63 @@ TABLES: tuple[MetricTable, ...] = (
 
 @dataclass(frozen=True)
 class Table:
-    """A rendered table: a header and rows of cells (``None`` for a missing value)."""
+    """A rendered table: a header and rows of cells (``None`` for a missing value).
+
+    With several seeds, ``spreads`` holds each cell's standard deviation over the seeds (the
+    cells are then means) and ``higher_is_better`` the direction of the columns: a cell whose
+    mean lies within the seeds' spread of its column's best (``|m - m_best| <= s + s_best``)
+    is marked ``≈``, a difference the seeds do not resolve.
+    """
 
     title: str
     header: list[str]
     rows: list[tuple[str, list[float | None]]]
+    spreads: list[list[float | None]] | None = None
+    higher_is_better: bool = False
 
     def markdown(self) -> str:
-        """GitHub-flavoured markdown, values with 4 significant digits."""
+        """GitHub-flavoured markdown, values with 4 significant digits (± 2 for spreads)."""
         lines = [
             f"| {' | '.join(self.header)} |",
             "|" + "|".join(["---"] + ["---:"] * (len(self.header) - 1)) + "|",
         ]
-        for name, values in self.rows:
-            cells = ["-" if v is None else f"{v:.4g}" for v in values]
+        ties = self._ties()
+        for r, (name, values) in enumerate(self.rows):
+            cells = []
+            for c, v in enumerate(values):
+                cell = "-" if v is None else f"{v:.4g}"
+                if v is not None and self.spreads is not None:
+                    spread = self.spreads[r][c]
+                    cell += "" if spread is None else f" ± {spread:.2g}"
+                    cell += " ≈" if (r, c) in ties else ""
+                cells.append(cell)
             lines.append(f"| {' | '.join([name, *cells])} |")
-        return f"### {self.title}\n\n" + "\n".join(lines) + "\n"
+        note = ""
+        if self.spreads is not None:
+            note = (
+                "\nMean ± standard deviation over the seeds; ≈: within the seeds' spread of "
+                "the column's best (not a resolved difference).\n"
+            )
+        return f"### {self.title}\n\n" + "\n".join(lines) + "\n" + note
+
+    def _ties(self) -> set[tuple[int, int]]:
+        """Cells (row, column) within the seeds' spread of their column's best, best excluded."""
+        if self.spreads is None or not self.rows:
+            return set()
+        ties = set()
+        for c in range(len(self.rows[0][1])):
+            cells = [
+                (values[c], self.spreads[r][c] or 0.0, r)
+                for r, (_, values) in enumerate(self.rows)
+                if values[c] is not None and not math.isnan(values[c])
+            ]
+            if not cells:
+                continue
+            best = (max if self.higher_is_better else min)(cells, key=lambda cell: cell[0])
+            for value, spread, r in cells:
+                if r != best[2] and abs(value - best[0]) <= spread + best[1]:
+                    ties.add((r, c))
+        return ties
 
 
 def teachers_of(results: Mapping[str, Metrics], prefix: str = "val/") -> list[str]:
@@ -134,17 +175,20 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def metric_table(
-    spec: MetricTable, results: Mapping[str, Metrics], teachers: Sequence[str]
+    spec: MetricTable,
+    results: Mapping[str, Metrics],
+    teachers: Sequence[str],
+    spreads: Mapping[str, Metrics] | None = None,
 ) -> Table:
-    """The values of ``spec`` for every row (``results``: row name -> metrics)."""
+    """The values of ``spec`` for every row (``results``: row name -> metrics; ``spreads``:
+    row name -> each metric's standard deviation over seeds, when several were run)."""
     header = ["Method", *teachers] + (["GeoMean"] if spec.summary else [])
-    rows = []
-    for name, metrics in results.items():
-        values = [metrics.get(f"val/{t}/{spec.metric}") for t in teachers]
-        if spec.summary:
-            values.append(metrics.get(spec.summary))
-        rows.append((name, values))
-    return Table(spec.title, header, rows)
+    tags = [f"val/{t}/{spec.metric}" for t in teachers] + ([spec.summary] if spec.summary else [])
+    rows = [(name, [metrics.get(tag) for tag in tags]) for name, metrics in results.items()]
+    cells = None
+    if spreads is not None:
+        cells = [[spreads.get(name, {}).get(tag) for tag in tags] for name in results]
+    return Table(spec.title, header, rows, cells, spec.higher_is_better)
 
 
 def mean_ranks(
@@ -184,10 +228,14 @@ def rank_table(results: Mapping[str, Metrics], teachers: Sequence[str]) -> Table
     )
 
 
-def all_tables(results: Mapping[str, Metrics]) -> dict[str, Table]:
-    """Every table of :data:`TABLES` plus the rank table, keyed by file stem."""
+def all_tables(
+    results: Mapping[str, Metrics], spreads: Mapping[str, Metrics] | None = None
+) -> dict[str, Table]:
+    """Every table of :data:`TABLES` plus the rank table, keyed by file stem; with several
+    seeds, ``results`` holds the means and ``spreads`` the standard deviations (the ranks
+    are those of the means)."""
     teachers = teachers_of(results)
-    tables = {spec.key: metric_table(spec, results, teachers) for spec in TABLES}
+    tables = {spec.key: metric_table(spec, results, teachers, spreads) for spec in TABLES}
     tables["ranks"] = rank_table(results, teachers)
     return tables
 

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.optim import Optimizer
 
+from radio_lit.cache.batch import student_pixels
 from radio_lit.callbacks._common import distillation_module
 from radio_lit.data.views import as_float_images
 from radio_lit.errors import TrainingStopped
@@ -139,7 +140,7 @@ def diagnose(module: DistillationModule, batch: Any) -> str:
     terms: list[str] = []
     losses: dict[str, Tensor] = {}
     if batch is not None:
-        crop = as_float_images(batch)
+        crop = as_float_images(student_pixels(batch))
         outputs = module.run_teachers(crop)
         teachers = non_finite(
             (f"{name}.{part}", getattr(out, part))

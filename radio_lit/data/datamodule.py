@@ -15,7 +15,7 @@ Three sources share :class:`ImageDataModule`:
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from typing import Any
 
 import torch
@@ -43,6 +43,9 @@ class ImageDataModule(LightningDataModule):
     Training batches come from a torchdata ``StatefulDataLoader`` whose position Lightning
     checkpoints: a resumed run continues with the same next sample and the same crop.
     """
+
+    #: Collates training items into a batch (``None``: stack the ``[3, S, S]`` crops).
+    train_collate: Callable[[list[Any]], Any] | None = None
 
     def __init__(
         self, crop_size: int, batch_size: int, num_workers: int, val_dir: str | None, seed: int = 0
@@ -113,16 +116,25 @@ class ImageDataModule(LightningDataModule):
         )
         if not train:
             return DataLoader(dataset, **options)
+        if self.train_collate is not None:
+            options["collate_fn"] = self.train_collate
         if isinstance(dataset, IterableDataset):
             return ResumableDataLoader(dataset, **options)
         trainer = self.trainer
-        sampler = SeededSampler(
+        sampler = self.train_sampler(
             dataset,  # type: ignore[arg-type]
             num_replicas=trainer.world_size if trainer is not None else 1,
             rank=trainer.global_rank if trainer is not None else 0,
-            seed=self.seed,
         )
-        return ResumableDataLoader(SeededItems(dataset), sampler=sampler, **options)
+        return ResumableDataLoader(self.seeded_items(dataset), sampler=sampler, **options)
+
+    def train_sampler(self, dataset: Sized, num_replicas: int, rank: int) -> SeededSampler:
+        """The training order: a :class:`SeededSampler` yielding ``(index, crop_seed)``."""
+        return SeededSampler(dataset, num_replicas=num_replicas, rank=rank, seed=self.seed)
+
+    def seeded_items(self, dataset: Dataset[Tensor]) -> Dataset[Any]:
+        """The training dataset read with the sampler's keys (each crop under its seed)."""
+        return SeededItems(dataset)
 
     def _check_one_batch_per_rank(self, dataset: Dataset[Tensor]) -> None:
         """Fail clearly when ``drop_last`` would leave a rank with no training batch."""

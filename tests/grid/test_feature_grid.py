@@ -58,7 +58,8 @@ def test_statistics_and_loss_use_the_policy_grid(policy, clip_grid):
     module = tiny_module(student_resolution=128, grid_policy=policy, normalizer=PhiS)
     module.estimate_statistics = module.refit_statistics = True
     crop = torch.rand(2, 3, 96, 96)
-    outputs = module.on_loss_grid(module.run_teachers(crop), None)
+    (chunk,) = module.partitions.chunks(crop, train=True)
+    outputs = module.chunk_teachers(crop, chunk)
     (targets,) = module.normalized_targets([outputs])
     matches = module.match(crop, outputs, targets)
     for name, grid in {"clip": clip_grid, "dino": clip_grid, "sam": 4}.items():

@@ -1,0 +1,27 @@
+"""Teacher-feature cache: pay for the teachers once, replay the exact views.
+
+``radio-lit cache --config RUN.yaml --out DIR`` (:mod:`radio_lit.cache.writer`) runs a run's
+teachers over its training data, several views per image drawn exactly as training draws
+them, and stores each view's crop and teacher outputs (:mod:`.shards`, :mod:`.manifest`).
+``data: radio_lit.cache.CachedViews`` (:mod:`.datamodule`) trains from it: the step takes the
+teacher outputs from the batch (:class:`.CachedBatch`) instead of running the teachers, and
+everything after them is unchanged.
+"""
+
+from radio_lit.cache.batch import CachedBatch, collate_views, output_key, student_pixels
+from radio_lit.cache.datamodule import CachedDataset, CachedViews, ViewSampler
+from radio_lit.cache.manifest import Manifest, check_run, teacher_signature, view_sizes
+
+__all__ = [
+    "CachedBatch",
+    "CachedDataset",
+    "CachedViews",
+    "Manifest",
+    "ViewSampler",
+    "check_run",
+    "collate_views",
+    "output_key",
+    "student_pixels",
+    "teacher_signature",
+    "view_sizes",
+]

@@ -1,0 +1,360 @@
+"""``radio-lit cache``: run a config's teachers once over its training data and store the views.
+
+    radio-lit cache --config configs/quickstart.yaml --out cache/quickstart --views 8
+    radio-lit fit --config configs/quickstart.yaml --data radio_lit.cache.CachedViews \\
+        --data.path cache/quickstart
+
+For every training item ``i`` (images, times the data's ``repeats``) and view ``v < views``
+the writer draws the crop exactly as training draws item ``i`` in epoch ``v`` (the same
+transform under the seed ``(seed, v, i)``, :mod:`radio_lit.data.resumable`), and runs every
+teacher on it at every view size the run can show it (its native resolution, or one per
+student resolution of its partitions if it follows the student), with the step's own code
+(:func:`~radio_lit.step.run_teachers`). Stored per view: the crop (uint8, what the
+student's view is made from) and each teacher's summary and features on its own grid, before
+normalization, in ``--dtype``. Layout: :mod:`radio_lit.cache.shards`,
+:mod:`radio_lit.cache.manifest`.
+
+The size is printed before anything is written, and the command refuses to start if the disk
+lacks the room. Interrupted, it resumes: finished shards are kept, a partial one is rewritten.
+Several processes write disjoint shards: ``--shard-index i --num-shards k`` (shards ``j`` with
+``j mod k == i``), by default ``RANK`` / ``WORLD_SIZE`` of a ``torchrun`` launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as save_safetensors
+from torch import Tensor
+from torch.utils.data import IterableDataset
+from tqdm import tqdm
+from webdataset import TarWriter
+
+from radio_lit.cache.batch import output_key
+from radio_lit.cache.manifest import DTYPES, Manifest, teacher_signature, view_sizes
+from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
+from radio_lit.data.resumable import sample_seed, seeded
+from radio_lit.data.views import as_float_images
+from radio_lit.step import run_teachers
+
+__all__ = ["main", "write_cache"]
+
+#: Target size of one shard when --samples-per-shard is not given.
+SHARD_BYTES = 256 * 2**20
+#: Tar bytes beside the samples: the end-of-archive blocks and the record padding.
+_TAR_END = 10240
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radio-lit cache",
+        description="Run a config's teachers over its training data once and store the views "
+        "(crops and teacher outputs) for radio-lit fit with data: radio_lit.cache.CachedViews. "
+        "Any other --section.key value option is applied to the config, as for radio-lit fit.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", action="append", required=True, help="the run's config(s)")
+    parser.add_argument("--out", type=Path, required=True, help="the cache folder")
+    parser.add_argument(
+        "--views",
+        default="8",
+        help="views per image (default: 8), or 'epochs': as many as the run has epochs, so "
+        "that a run from the cache sees what the live run would (max_steps over the "
+        "steps of an epoch on one rank)",
+    )
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--samples-per-shard", type=int, default=None, help="default: ~256 MiB")
+    parser.add_argument("--shard-index", type=int, default=int(os.environ.get("RANK", 0)))
+    parser.add_argument("--num-shards", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    parser.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK if any, else cpu")
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point of ``radio-lit cache``."""
+    parser = _parser()
+    args, overrides = parser.parse_known_args(list(argv))
+    if overrides and not overrides[0].startswith("--"):
+        parser.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+    if args.views != "epochs" and not (args.views.isdigit() and int(args.views) >= 1):
+        parser.error(f"--views must be a positive integer or 'epochs', got {args.views!r}")
+    if not 0 <= args.shard_index < args.num_shards:
+        parser.error(
+            f"--shard-index {args.shard_index} must lie in [0, --num-shards {args.num_shards})"
+        )
+    for config in args.config:
+        if not Path(config).is_file():
+            parser.error(f"--config {config}: no such config file")
+    cli = _build_run([a for config in args.config for a in ("--config", config)] + overrides)
+    views = _run_epochs(cli) if args.views == "epochs" else int(args.views)
+    write_cache(
+        cli.model,
+        cli.datamodule,
+        cli.config.as_dict(),
+        args.out,
+        views=views,
+        dtype=args.dtype,
+        samples_per_shard=args.samples_per_shard,
+        shard_index=args.shard_index,
+        num_shards=args.num_shards,
+        device=args.device,
+        precision=str(cli.trainer.precision),
+        command="radio-lit cache " + " ".join(argv),
+    )
+
+
+def _build_run(args: list[str]) -> Any:
+    """The run's model, data and trainer, built from its config (not run)."""
+    from radio_lit.cli import RadioLitCLI
+
+    with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit cache`
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return RadioLitCLI(args=[*args, "--trainer.logger", "false"], run=False)
+
+
+def _run_epochs(cli: Any) -> int:
+    """The number of epochs a one-rank run of ``cli``'s config starts (``max_steps``, else
+    ``max_epochs``)."""
+    trainer, datamodule = cli.trainer, cli.datamodule
+    if trainer.max_steps is None or trainer.max_steps < 0:
+        return max(1, int(trainer.max_epochs or 1))
+    steps_per_epoch = len(datamodule.build_train_dataset()) // datamodule.batch_size
+    return max(1, -(-trainer.max_steps // max(1, steps_per_epoch)))
+
+
+def _device(device: str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+class _Recorder:
+    """Runs the teachers on uint8 crops and returns each view's tensors (see the module
+    docstring): ``{"pixels": [3, S, S], output_key: [h, w, C] or [C_s]}``.
+
+    Each partition's teachers run on batches of the partition's size in a one-rank training
+    step (the last batch padded), as the step runs them: some CPU kernels (a small matrix
+    product) round differently for another number of rows, and a float32 cache must hold
+    the very numbers a live step computes.
+    """
+
+    def __init__(
+        self, module: Any, batch: int, device: torch.device, dtype: torch.dtype, precision: str
+    ) -> None:
+        self.teachers = module.teachers.to(device)
+        self.plan = module.partitions
+        self.patch = module.student.patch_size
+        self.batch = batch
+        self.device = device
+        self.dtype = dtype
+        half = {"bf16": torch.bfloat16, "16": torch.float16}
+        autocast = next((d for p, d in half.items() if precision.startswith(p)), None)
+        self.autocast = (
+            torch.autocast(device.type, dtype=autocast)
+            if autocast is not None and device.type == "cuda"
+            else nullcontext()
+        )
+
+    def __call__(self, pixels: Tensor) -> list[dict[str, Tensor]]:
+        crop = as_float_images(pixels.to(self.device))
+        stored: dict[str, Tensor] = {}
+        with torch.no_grad(), self.autocast:
+            for partition, members in self.plan.members.items():
+                rows = self.plan.partitions[partition].batch_size or self.batch
+                for height, width in self.plan.resolutions[partition]:
+                    grid = (height // self.patch, width // self.patch)
+                    names = [
+                        n
+                        for n in members
+                        if output_key(n, self.teachers[n].view_size(grid), "features") not in stored
+                    ]
+                    if names:
+                        stored.update(self._run(crop, names, grid, rows))
+        return [
+            {"pixels": pixels[i].contiguous(), **{k: v[i].contiguous() for k, v in stored.items()}}
+            for i in range(pixels.shape[0])
+        ]
+
+    def _run(
+        self, crop: Tensor, names: list[str], grid: tuple[int, int], rows: int
+    ) -> dict[str, Tensor]:
+        """The teachers ``names`` at the student grid ``grid``, ``rows`` images at a time."""
+        parts: dict[str, list[Tensor]] = {}
+        for start in range(0, crop.shape[0], rows):
+            part = crop[start : start + rows]
+            count = part.shape[0]
+            if count < rows:  # pad with copies of the last image
+                part = torch.cat([part, part[-1:].expand(rows - count, -1, -1, -1)])
+            for name, out in run_teachers(self.teachers, part, names, grid).items():
+                size = self.teachers[name].view_size(grid)
+                for key, value in (("features", out.features), ("summary", out.summary)):
+                    if value is not None:
+                        parts.setdefault(output_key(name, size, key), []).append(
+                            value[:count].to(self.dtype).cpu()
+                        )
+        return {key: torch.cat(values) for key, values in parts.items()}
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    raise AssertionError
+
+
+def _tar_bytes(payload: bytes) -> int:
+    """Bytes one sample takes in a shard (tar headers and padding included), measured by
+    writing it twice with the shards' own writer."""
+    sizes = []
+    for count in (1, 2):
+        buffer = io.BytesIO()
+        with TarWriter(buffer, **TAR_OPTIONS) as writer:
+            for n in range(count):
+                writer.write({"__key__": sample_key(n, 0), "safetensors": payload})
+            sizes.append(writer.tarstream.offset)
+    return sizes[1] - sizes[0]
+
+
+def write_cache(
+    module: Any,
+    datamodule: Any,
+    config: dict[str, Any],
+    out: Path,
+    views: int = 8,
+    dtype: str = "float32",
+    samples_per_shard: int | None = None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    device: str | None = None,
+    precision: str = "32-true",
+    command: str = "",
+) -> Manifest:
+    """Write this process's shards of the cache of a run (``module``: its
+    :class:`~radio_lit.module.DistillationModule`, ``datamodule`` its image datamodule,
+    ``config`` its parsed config as a dict); returns the manifest."""
+    dataset = datamodule.build_train_dataset()
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"radio-lit cache reads map-style training data (data: ImageFolderDataModule or "
+            f"SyntheticDataModule), not {type(datamodule).__name__}'s streamed shards"
+        )
+    seed = datamodule.seed
+    batch = datamodule.batch_size
+    recorder = _Recorder(module, batch, _device(device), DTYPES[dtype], precision)
+    num_items = len(dataset)
+
+    def crops(samples: Sequence[int]) -> Tensor:
+        items = []
+        for n in samples:
+            view, index = divmod(n, num_items)
+            with seeded(sample_seed(seed, view, index)):  # as SeededSampler + SeededItems draw
+                items.append(dataset[index])
+        return torch.stack(items)
+
+    probe = recorder(crops([0]))[0]
+    sample_bytes = _tar_bytes(save_safetensors(probe))
+    sizes = view_sizes(module.teachers, module.partitions, module.student.patch_size)
+    teachers_config = config["model"]["teachers"]
+    manifest = Manifest(
+        teachers={
+            name: {
+                "config": teachers_config.get(name),
+                "signature": teacher_signature(teacher),
+                "sizes": [list(size) for size in sizes[name]],
+                "shapes": {k: list(v.shape) for k, v in probe.items() if k.startswith(f"{name}/")},
+            }
+            for name, teacher in module.teachers.items()
+        },
+        data={
+            "config": config["data"],
+            "crop_size": datamodule.crop_size,
+            "seed": seed,
+            "num_items": num_items,
+            "batch_size": datamodule.batch_size,
+            "val_dir": datamodule.val_dir,
+        },
+        views=views,
+        dtype=dtype,
+        samples_per_shard=samples_per_shard or max(1, min(10000, SHARD_BYTES // sample_bytes)),
+        sample_bytes=sample_bytes,
+        bytes_per_view={
+            "pixels": probe["pixels"].nbytes,
+            **{
+                name: sum(v.nbytes for k, v in probe.items() if k.startswith(f"{name}/"))
+                for name in module.teachers
+            },
+        },
+        created_by=command,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    _check_existing(manifest, out)
+    manifest.save(out)
+
+    mine = [j for j in range(manifest.num_shards) if j % num_shards == shard_index]
+    todo = [j for j in mine if not shard_is_complete(out, j, len(manifest.shard_samples(j)))]
+    samples = sum(len(manifest.shard_samples(j)) for j in todo)
+    need = samples * sample_bytes + len(todo) * _TAR_END
+    total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END
+    per_teacher = ", ".join(f"{k} {_human(v)}" for k, v in manifest.bytes_per_view.items())
+    print(
+        f"radio-lit cache: {num_items} items x {views} views = {manifest.num_samples} views "
+        f"({dtype}); per view: {per_teacher}; total {_human(total)} in {manifest.num_shards} "
+        f"shard(s); this process: {len(todo)} of its {len(mine)} shard(s) left, {_human(need)}",
+        flush=True,
+    )
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise OSError(
+            f"{out} needs {_human(need)} for the cache but its disk has {_human(free)} free: "
+            "free some space or choose another --out (finished shards are kept)"
+        )
+    with tqdm(total=samples, unit="view", desc="radio-lit cache", file=sys.stderr) as progress:
+        for shard in todo:
+            write_shard(
+                out,
+                shard,
+                _samples(
+                    manifest.shard_samples(shard), batch, crops, recorder, num_items, progress
+                ),
+            )
+    return manifest
+
+
+def _samples(
+    numbers: range, batch: int, crops: Any, recorder: _Recorder, num_items: int, progress: tqdm
+) -> Iterator[tuple[str, bytes]]:
+    """``(key, safetensors bytes)`` of the samples ``numbers``, the teachers run ``batch`` at
+    a time."""
+    for start in range(0, len(numbers), batch):
+        chunk = numbers[start : start + batch]
+        for n, tensors in zip(chunk, recorder(crops(chunk)), strict=True):
+            view, index = divmod(n, num_items)
+            yield sample_key(index, view), save_safetensors(tensors)
+        progress.update(len(chunk))
+
+
+def _check_existing(manifest: Manifest, out: Path) -> None:
+    """Refuse to add to a folder that holds a cache of another run or layout."""
+    try:
+        existing = Manifest.load(out)
+    except FileNotFoundError:
+        return
+    if existing.content_hash != manifest.content_hash:
+        raise ValueError(
+            f"{out} holds a cache of another config or views/dtype/layout (manifest hash "
+            f"{existing.content_hash}, this run {manifest.content_hash}): choose another --out "
+            "or remove that folder"
+        )

@@ -1,0 +1,235 @@
+"""``radio-lit cache`` and ``radio-lit fit`` from the cache, through the real CLI: what is
+written, resuming, disjoint shards, and one line for each bad input (missing or truncated
+shard, a cache of another config, a full disk) that loses nothing already written."""
+
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load as load_safetensors
+
+from radio_lit.cache import Manifest
+from radio_lit.cli import main
+from tests.teachers.tiny import tiny_teacher_configs
+
+
+def _config(tmp_path: Path, **teacher_overrides: dict) -> Path:
+    teachers = tiny_teacher_configs(sam_resolution=64)
+    teachers.pop("dino")
+    for name, init in teacher_overrides.items():
+        teachers[name]["init_args"].update(init)
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "max_steps": 3,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        },
+        "model": {
+            "student": {
+                "class_path": "radio_lit.students.CPEViT",
+                "init_args": {
+                    "model": "vit_tiny_patch16_224",
+                    "max_resolution": 128,
+                    "model_kwargs": {"depth": 1, "embed_dim": 32, "num_heads": 2},
+                },
+            },
+            "student_resolution": 32,
+            "teachers": teachers,
+        },
+        "data": {
+            "class_path": "radio_lit.data.ImageFolderDataModule",
+            "init_args": {
+                "train_dir": "radio_lit:sample_images",
+                "crop_size": 64,
+                "batch_size": 4,
+                "num_workers": 0,
+            },
+        },
+    }
+    path = tmp_path / f"run-{len(list(tmp_path.glob('run-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``radio-lit fit`` writes its config.yaml in the working folder."""
+    monkeypatch.chdir(tmp_path)
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run ``radio-lit ARGV`` in-process; its exit status and its last stderr line."""
+    try:
+        main(argv)
+        status = 0
+    except SystemExit as exit:
+        status = int(exit.code or 0)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("radio-lit: error:")]
+    return status, errors[-1] if errors else ""
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A run config and its cache: 10 images x 2 views in 5 shards of 4 samples."""
+    root = tmp_path_factory.mktemp("cache")
+    config = _config(root)
+    main(
+        ["cache", "--config", str(config), "--out", str(root / "cache")]
+        + ["--views", "2", "--samples-per-shard", "4"]
+    )
+    return config, root / "cache"
+
+
+def test_cache_layout(written: tuple[Path, Path]) -> None:
+    _, cache = written
+    manifest = Manifest.load(cache)
+    assert (manifest.num_samples, manifest.num_shards) == (20, 5)
+    assert manifest.teachers["clip"]["shapes"] == {
+        "clip/56x56/features": [4, 4, 64],
+        "clip/56x56/summary": [32],
+    }
+    assert manifest.teachers["sam"]["shapes"] == {"sam/64x64/features": [4, 4, 32]}
+    assert manifest.bytes_per_view == {
+        "pixels": 3 * 64 * 64,
+        "clip": 4 * (4 * 4 * 64 + 32),
+        "sam": 4 * 4 * 4 * 32,
+    }
+    shards = sorted(cache.glob("shard-*.tar"))
+    assert len(shards) == 5 and not list(cache.glob("*.partial"))
+    # a plain webdataset shard: members <key>.safetensors, no pickle
+    import webdataset as wds
+
+    sample = next(iter(wds.WebDataset(str(shards[0]), shardshuffle=False)))
+    assert sample["__key__"] == "i000000000_v0000"
+    tensors = load_safetensors(sample["safetensors"])
+    assert set(tensors) == {
+        "pixels",
+        "clip/56x56/features",
+        "clip/56x56/summary",
+        "sam/64x64/features",
+    }
+    assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
+
+
+@pytest.mark.slow
+def test_fit_from_cache(written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, cache = written
+    argv = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    status, error = _run([*argv, "--data.path", str(cache)], capsys)
+    assert (status, error) == (0, "")
+
+
+def test_resume_keeps_finished_shards(tmp_path: Path, written: tuple[Path, Path]) -> None:
+    config, cache = written
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    (copy / "shard-000003.tar").rename(copy / "shard-000003.tar.partial")  # killed mid-shard
+    (copy / "shard-000001.tar").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in copy.glob("shard-*.tar")}
+    main(
+        [
+            "cache",
+            "--config",
+            str(config),
+            "--out",
+            str(copy),
+            "--views",
+            "2",
+            "--samples-per-shard",
+            "4",
+        ]
+    )
+    for name, mtime in kept.items():
+        assert (copy / name).stat().st_mtime_ns == mtime
+    for name in ("shard-000001.tar", "shard-000003.tar"):
+        assert (copy / name).read_bytes() == (cache / name).read_bytes()
+
+
+def test_disjoint_shards(tmp_path: Path, written: tuple[Path, Path]) -> None:
+    config, cache = written
+    for index in (0, 1):
+        main(
+            ["cache", "--config", str(config), "--out", str(tmp_path), "--views", "2"]
+            + ["--samples-per-shard", "4", "--shard-index", str(index), "--num-shards", "2"]
+        )
+        names = sorted(p.name for p in tmp_path.glob("shard-*.tar"))
+        assert names == [f"shard-{j:06d}.tar" for j in range(5) if j % 2 <= index]
+    for path in cache.glob("shard-*.tar"):
+        assert (tmp_path / path.name).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.slow
+def test_bad_caches_give_one_line(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, cache = written
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    fit = [
+        "fit",
+        "--config",
+        str(config),
+        "--data",
+        "radio_lit.cache.CachedViews",
+        "--data.path",
+        str(copy),
+    ]
+
+    (copy / "shard-000002.tar").unlink()
+    status, error = _run(fit, capsys)
+    assert (
+        status == 2 and "shard-000002.tar is missing" in error and "radio-lit cache again" in error
+    )
+
+    shutil.copy(cache / "shard-000002.tar", copy / "shard-000002.tar")
+    with (copy / "shard-000004.tar").open("r+b") as shard:
+        shard.truncate(5000)
+    status, error = _run(fit, capsys)
+    assert status == 2 and "shard-000004.tar is truncated (5000 of" in error
+
+    shutil.copy(cache / "shard-000004.tar", copy / "shard-000004.tar")
+    other = _config(tmp_path, sam={"resolution": 96})  # SAM sees another view
+    status, error = _run(["fit", "--config", str(other), *fit[3:]], capsys)
+    assert status == 2
+    assert (
+        "teacher sam differs from the cache" in error
+        and "resolution 64 in the cache, 96 in this run" in error
+    )
+
+    no_sam = yaml.safe_load(config.read_text())
+    no_sam["model"]["teachers"]["dino"] = tiny_teacher_configs()["dino"]
+    (tmp_path / "dino.yaml").write_text(yaml.safe_dump(no_sam))
+    status, error = _run(["fit", "--config", str(tmp_path / "dino.yaml"), *fit[3:]], capsys)
+    assert status == 2 and "has no teacher dino" in error
+
+    status, error = _run(
+        ["cache", "--config", str(other), "--out", str(copy), "--views", "2"], capsys
+    )
+    assert status == 2 and "holds a cache of another config" in error
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in cache.iterdir())
+
+
+def test_full_disk_refused_before_writing(
+    tmp_path: Path,
+    written: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, _ = written
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    status, error = _run(
+        ["cache", "--config", str(config), "--out", str(tmp_path), "--views", "2"], capsys
+    )
+    assert status == 2
+    assert "KiB for the cache but its disk has 1000 B free: free some space" in error
+    assert not list(tmp_path.glob("shard-*"))

@@ -1,0 +1,137 @@
+"""A run from a float32 cache is the live run over the same views, step for step.
+
+The live run draws crops from the shipped photographs (crop seed ``(seed, epoch, index)``)
+and a student resolution per step; the cached run replays the views ``radio-lit cache``
+stored for epochs 0 and 1. Their losses must be equal (no tolerance, CPU), through statistics
+estimation, frozen-trunk steps and a second epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from radio_lit.cache import CachedViews
+from radio_lit.cache.writer import write_cache
+from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
+from radio_lit.data import SAMPLE_IMAGES, ImageFolderDataModule
+from radio_lit.normalizers import PhiS
+from radio_lit.partitions import Partition
+from tests.builders import cpu_trainer, tiny_module
+from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher
+
+STEPS = 4  # 10 images, batch 4: 2 steps per epoch; epochs 0 and 1 replay views 0 and 1
+
+
+class Losses(Callback):
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, i: int
+    ) -> None:
+        self.values.append(outputs["loss"].detach().clone())
+
+
+def _module(partitions: bool) -> Any:
+    torch.manual_seed(0)  # the same teachers and student in every run
+    if not partitions:
+        return tiny_module(normalizer=PhiS)
+    # two partitions on one rank; the DINOv2 teacher follows the student's two resolutions
+    teachers = {
+        "clip": tiny_clip_teacher(),
+        "dino": tiny_dinov2_teacher(follow_student=True),
+        "sam": tiny_sam_teacher(resolution=64),
+    }
+    layout = {
+        "semantic": Partition(teachers=["clip", "dino"], batch_size=2, resolutions=[32, 64]),
+        "sam": Partition(teachers=["sam"], batch_size=2),
+    }
+    return tiny_module(teachers=teachers, normalizer=PhiS, partitions=layout)
+
+
+def _data() -> ImageFolderDataModule:
+    return ImageFolderDataModule(SAMPLE_IMAGES, crop_size=96, batch_size=4, num_workers=0)
+
+
+def _fit(
+    module: Any, data: Any, root: Path, *extra: Callback, seed: int = 0, **options: Any
+) -> list[torch.Tensor]:
+    """The step losses of one fit (``extra`` callbacks and ``Trainer.fit`` / Trainer options
+    beside the statistics estimation and frozen trunk of a stage's start)."""
+    losses = Losses()
+    stats = TeacherStatsEstimation(steps=3, refit_every=1, log_spectrum=False)
+    callbacks = [stats, FreezeBody(steps=2), *extra, losses]
+    ckpt_path = options.pop("ckpt_path", None)
+    torch.manual_seed(seed)  # the step's own draws (student resolution) start alike
+    trainer = cpu_trainer(root, max_steps=STEPS, callbacks=callbacks, **options)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return losses.values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitions", [False, True], ids=["one-partition", "partitions-multires"])
+def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool) -> None:
+    data = _data()
+    config = {
+        "model": {"teachers": {}},
+        "data": {"class_path": "ImageFolderDataModule", "init_args": {}},
+    }
+    write_cache(_module(partitions), data, config, tmp_path / "cache", views=2)
+
+    live = _fit(_module(partitions), _data(), tmp_path / "live")
+    cached = _fit(_module(partitions), CachedViews(str(tmp_path / "cache")), tmp_path / "cached")
+
+    assert len(live) == len(cached) == STEPS
+    differences = [float((a - b).abs()) for a, b in zip(live, cached, strict=True)]
+    assert max(differences) == 0.0, differences
+
+
+class StopAt(Callback):
+    """Stops the run after ``step`` optimizer steps, as a preemption would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.slow
+def test_a_run_from_the_cache_resumes_exactly(tmp_path: Path) -> None:
+    """Interrupted mid-epoch (step 3 of 4) and resumed from its checkpoint, a run from the
+    cache continues with the same views and the same losses."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from radio_lit.callbacks import RandomStates
+
+    config = {"model": {"teachers": {}}, "data": {"class_path": "ImageFolderDataModule"}}
+    write_cache(_module(False), _data(), config, tmp_path / "cache", views=2)
+    data = lambda: CachedViews(str(tmp_path / "cache"))  # noqa: E731
+    whole = _fit(_module(False), data(), tmp_path / "whole")
+
+    saved = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    first = _fit(
+        _module(False),
+        data(),
+        tmp_path,
+        RandomStates(),
+        saved,
+        StopAt(3),
+        enable_checkpointing=True,
+    )
+    checkpoint = next((tmp_path / "ckpt").glob("*step=3.ckpt"))
+    # a fresh process's RNG state, whatever it is: the checkpoint restores the run's
+    rest = _fit(
+        _module(False), data(), tmp_path, RandomStates(), seed=123, ckpt_path=str(checkpoint)
+    )
+
+    assert len(first) == 3 and len(rest) == 1
+    assert torch.equal(torch.stack(first + rest), torch.stack(whole))
