@@ -40,7 +40,7 @@ from radio_lit.step import (
     teacher_outputs,
     to_loss_grid,
 )
-from radio_lit.students import CPEViT, ERadio
+from radio_lit.students import Student
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
 from radio_lit.students.spectral_reparam import request_power_iteration
@@ -58,8 +58,8 @@ class DistillationModule(pl.LightningModule):
     """Label-free multi-teacher distillation of one student for one training stage.
 
     Args:
-        student: the student backbone (a :class:`~radio_lit.students.CPEViT` or an
-            :class:`~radio_lit.students.ERadio`).
+        student: the student backbone (a :class:`~radio_lit.students.Student`:
+            :class:`~radio_lit.students.CPEViT` or :class:`~radio_lit.students.ERadio`).
         teachers: frozen teachers keyed by name (names key every per-teacher option).
         student_resolution: student input side, or ``(H, W)``; a multiple of its patch size.
         student_mean: pixel mean of the student's input (``None``: ``student.pixel_mean``).
@@ -84,7 +84,7 @@ class DistillationModule(pl.LightningModule):
 
     def __init__(
         self,
-        student: CPEViT | ERadio,
+        student: Student,
         teachers: dict[str, Teacher],
         student_resolution: int | tuple[int, int] = 256,
         student_mean: tuple[float, float, float] | None = None,

@@ -24,7 +24,7 @@ from torch import Tensor
 from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
-from radio_lit.students import CPEViT, ERadio, TeacherHeads
+from radio_lit.students import Student, TeacherHeads
 from radio_lit.students.heads import summary_token_slots
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class ExportOptions:
     """The ``model.*`` options an export reads (same names, types and defaults as
     ``DistillationModule``'s); the others (teachers, losses, optimizer, ...) are not read."""
 
-    student: CPEViT | ERadio
+    student: Student
     student_resolution: int | tuple[int, int] = 256
     student_mean: tuple[float, float, float] | None = None
     student_std: tuple[float, float, float] | None = None

@@ -1,7 +1,8 @@
 """Student backbones (CPE ViT, E-RADIO), their per-teacher adaptor heads, σReparam and FSDP2
 sharding."""
 
-from radio_lit.students.cpe_vit import CPEViT, StudentOutput
+from radio_lit.students.base import Student, StudentOutput
+from radio_lit.students.cpe_vit import CPEViT
 from radio_lit.students.eradio import ERadio
 from radio_lit.students.heads import MLPHead, TeacherHeads
 from radio_lit.students.sharding import shard_student
@@ -12,6 +13,7 @@ from radio_lit.students.spectral_reparam import (
 )
 
 __all__ = [
+    "Student",
     "CPEViT",
     "ERadio",
     "StudentOutput",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,23 +44,11 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
+from radio_lit.students.base import Student, StudentOutput
 from radio_lit.students.spectral_reparam import enable_spectral_reparam
 from radio_lit.students.vitdet import default_num_windowed, run_windowed, windowed_blocks
 
 Triple = tuple[float, float, float]
-
-
-@dataclass(frozen=True)
-class StudentOutput:
-    """What the student returns.
-
-    Attributes:
-        summary: ``[B, T, D]`` the T summary (CLS) tokens after the final norm.
-        features: ``[B, h, w, D]`` patch tokens after the final norm.
-    """
-
-    summary: Tensor
-    features: Tensor
 
 
 def cpe_eval_window(grid: Tensor, hw: tuple[int, int], align_corners: bool) -> Tensor:
@@ -97,7 +84,7 @@ def _timm_vit(name: str, pretrained: bool, kwargs: dict[str, Any]) -> VisionTran
     return model
 
 
-class CPEViT(nn.Module):
+class CPEViT(Student):
     """timm VisionTransformer + CPE + ``num_cls_tokens`` summary tokens.
 
     Args:

@@ -47,7 +47,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import AttentionPoolLatent
 from torch import Tensor, nn
 
-from radio_lit.students.cpe_vit import StudentOutput
+from radio_lit.students.base import Student, StudentOutput
 from radio_lit.students.eradio_layers import (
     C2f,
     ConvNormAct,
@@ -68,7 +68,7 @@ OUTPUT_STRIDE = 16
 INPUT_MULTIPLE = 32
 
 
-class ERadio(nn.Module):
+class ERadio(Student):
     """The E-RADIO student: ``[B, 3, H, W]`` normalized images -> :class:`StudentOutput`.
 
     Same contract as :class:`~radio_lit.students.CPEViT`: ``summary [B, T, D]`` and

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radio_lit.students.cpe_vit import CPEViT
-from radio_lit.students.eradio import ERadio
+from radio_lit.students.base import Student
 from radio_lit.students.heads import TeacherHeads
 
 
@@ -32,7 +31,7 @@ def shard_student(student: nn.Module, mesh: Any, mp_policy: Any) -> None:
 
 
 def shard_for_training(
-    student: CPEViT | ERadio,
+    student: Student,
     heads: Iterable[TeacherHeads],
     extra: nn.Module,
     mesh: Any,

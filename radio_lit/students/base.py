@@ -1,0 +1,38 @@
+"""The student contract: what the training step, the heads, grid matching, FSDP2 sharding,
+export and evaluation rely on, whatever the architecture (a CPE ViT or E-RADIO)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class StudentOutput:
+    """What the student returns.
+
+    Attributes:
+        summary: ``[B, T, D]`` the T summary (CLS) tokens after the final norm.
+        features: ``[B, h, w, D]`` patch tokens after the final norm.
+    """
+
+    summary: Tensor
+    features: Tensor
+
+
+class Student(nn.Module):
+    """Base class of the students that ``model.student`` takes.
+
+    A student maps normalized images ``[B, 3, H, W]`` (``H``, ``W`` multiples of
+    ``patch_size``) to a :class:`StudentOutput` with ``features`` on the ``H / patch_size x
+    W / patch_size`` grid, and has these attributes:
+
+    - ``patch_size`` (int): the output stride;
+    - ``embed_dim`` (int): ``D``, the width of the summary tokens and features;
+    - ``num_cls_tokens`` (int): ``T``, the summary tokens (one shared, one per summary
+      teacher, or one per teacher);
+    - ``pixel_mean``, ``pixel_std`` (3-tuples): the input normalization it was built for;
+    - ``blocks`` (iterable of modules): the units FSDP2 shards one by one
+      (:func:`radio_lit.students.shard_student`).
+    """
