@@ -88,6 +88,13 @@ def test_quickstart_trains_with_every_normalizer(normalizer, tmp_path):
         "3",
         "--model.normalizer",
         f"radio_lit.normalizers.{normalizer}",
+        # Statistics only: the evaluation callbacks and checkpoints have tests of their own.
+        "--trainer.callbacks",
+        "[{class_path: radio_lit.callbacks.TeacherStatsEstimation, init_args: {steps: 2}}]",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.check_val_every_n_epoch",
+        "null",
     )
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.global_step == 3
@@ -100,7 +107,14 @@ def test_quickstart_trains_with_every_normalizer(normalizer, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
 def test_evaluation_subcommands_run_on_a_trained_checkpoint(subcommand, tmp_path):
-    stage = fit(tmp_path / "fit", "--trainer.max_steps", "2")
+    stage = fit(
+        tmp_path / "fit",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.callbacks",  # statistics and the checkpoint; no evaluation measures
+        "[{class_path: radio_lit.callbacks.TeacherStatsEstimation, init_args: {steps: 2}},"
+        " {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}]",
+    )
     checkpoint = Path(stage.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
     cli = RadioLitCLI(
         args=[
