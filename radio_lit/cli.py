@@ -154,9 +154,10 @@ class RadioLitCLI(LightningCLI):
     def after_fit(self) -> None:
         """Say where the run and its last checkpoint are."""
         trainer = self.trainer
+        log_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
         if not trainer.is_global_zero or trainer.interrupted:
             return
-        lines = [f"run folder: {trainer.log_dir}"]
+        lines = [f"run folder: {log_dir}"]
         callback = trainer.checkpoint_callback
         if callback is not None:
             path = getattr(callback, "last_model_path", "") or callback.best_model_path
