@@ -1,7 +1,7 @@
 """``radio-lit ablate``: train every ablation row and write the PHI-S tables.
 
-Each row is a real ``radio-lit fit --config BASE --config ROW [overrides]`` in a subprocess
-(the same CLI a user runs), with its TensorBoard logs in ``OUT/tensorboard/<row>/`` beside the
+Each row is a real ``radio-lit fit --config BASE --config ROW [overrides]`` in a process of its
+own (the same CLI a user runs), with its TensorBoard logs in ``OUT/tensorboard/<row>/`` beside the
 other rows', its console output in ``OUT/logs/<row>.log`` and its final validation metrics
 (:class:`~radio_lit.ablation.FinalValidation`) in ``OUT/rows/<row>.json``. A row with a result
 file is not run again, so an interrupted ablation resumes where it stopped. At the end the
@@ -20,22 +20,30 @@ every row trains from it (``data: radio_lit.cache.CachedViews``), the same run a
 row with seeds 0 (the base's ``seed_everything``) to N-1 and prints mean ± std tables, marking
 with ``≈`` the values within the seeds' spread of their column's best. With random-weight
 teachers the seed also draws the teachers, so each seed has its own cache (``DIR-seed<s>``).
+
+The rows' processes are forked from a ``multiprocessing`` fork server that has imported torch,
+Lightning and radio-lit once (it computes nothing, so forking it is safe): a row costs a fork,
+not the seconds of imports a fresh interpreter pays. A row's process runs
+``radio_lit.cli.main`` with ``sys.argv`` set to the ``radio-lit fit`` command it stands for, so
+Lightning's launcher starts the other ranks of a multi-device base with that command.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import multiprocessing
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import radio_lit
 from radio_lit.ablation.final_validation import write_json
 from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
@@ -122,12 +130,59 @@ def main(argv: Sequence[str]) -> None:
         sys.exit(1)
 
 
-def _subprocess_env() -> dict[str, str]:
-    """The environment of a row: this process's, with this radio_lit first on the path."""
-    env = dict(os.environ)
-    root = str(Path(radio_lit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
+#: Imported once by the rows' fork server (a module that is not installed is skipped).
+PRELOAD = [
+    "torch",
+    "lightning.pytorch",
+    "open_clip",
+    "timm",
+    "segment_anything",
+    "radio_lit.cli",
+    "radio_lit.module",
+    "radio_lit.teachers",
+    "radio_lit.callbacks",
+    "radio_lit.ablation",
+    "radio_lit.cache.writer",
+]
+
+
+@dataclass
+class Command:
+    """What a row's process runs: ``function(args)`` (``"module:function"``), the function of
+    the ``radio-lit`` command ``args`` (e.g. ``radio_lit.cli:main`` for ``fit …``)."""
+
+    function: str
+    args: list[str]
+
+
+def _launcher() -> str:
+    """The ``radio-lit`` executable Lightning's launcher restarts a row's other ranks with."""
+    found = shutil.which("radio-lit")
+    return found if found is not None else os.path.abspath(sys.argv[0])
+
+
+def _process_main(command: Command, log_path: str, launcher: str) -> None:
+    """A row's process: its output to ``log_path``, then ``command`` as ``radio-lit``; the
+    processes it starts import this radio_lit first."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = (root, os.environ.get("PYTHONPATH"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
+    sys.argv = [launcher, *command.args]
+    module, name = command.function.split(":")
+    getattr(importlib.import_module(module), name)(command.args)
+
+
+def _start(command: Command, log_path: Path) -> Any:
+    """Fork ``command`` from the fork server; returns the started process."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    process = context.Process(target=_process_main, args=(command, str(log_path), _launcher()))
+    process.start()
+    return process
 
 
 def _seed_overrides(seed: int) -> list[str]:
@@ -142,14 +197,13 @@ def _cache_dir(cache: Path, seed: int) -> Path:
 def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path, seed: int) -> None:
     """``radio-lit cache`` for the base (the rows share its teachers and data)."""
     log_path = out / "logs" / f"cache-seed{seed}.log"
-    command = [sys.executable, "-m", "radio_lit.cli", "cache", "--config", str(base)]
-    command += [*overrides, *_seed_overrides(seed), "--out", str(folder), "--views", "epochs"]
+    args = ["cache", "--config", str(base), *overrides, *_seed_overrides(seed)]
+    args += ["--out", str(folder), "--views", "epochs"]
     start = time.monotonic()
     print(f"cache (seed {seed}): writing the teachers' outputs to {folder}", flush=True)
-    with log_path.open("w") as log:
-        status = subprocess.run(
-            command, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env(), check=False
-        ).returncode
+    process = _start(Command("radio_lit.cli:main", args), log_path)
+    process.join()
+    status = process.exitcode
     if status != 0:
         raise ValueError(
             f"radio-lit cache failed (exit {status}), see {log_path}:\n{_tail(log_path)}"
@@ -157,7 +211,9 @@ def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path, seed
     print(f"cache (seed {seed}): ready in {_clock(time.monotonic() - start)}", flush=True)
 
 
-def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> list[str]:
+def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Command:
+    """The row's ``radio-lit fit``: the base, the row's file, the overrides, its logger and
+    :class:`~radio_lit.ablation.FinalValidation`."""
     logger = {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": str(out), "name": "tensorboard", "version": row.slug},
@@ -169,21 +225,9 @@ def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> list[
             "progress_file": str(out / "rows" / f"{row.slug}.progress.json"),
         },
     }
-    return [
-        sys.executable,
-        "-m",
-        "radio_lit.cli",
-        "fit",
-        "--config",
-        str(base),
-        "--config",
-        str(row.config),
-        *overrides,
-        "--trainer.logger",
-        json.dumps(logger),
-        "--trainer.callbacks+",
-        json.dumps(final),
-    ]
+    args = ["fit", "--config", str(base), "--config", str(row.config), *overrides]
+    args += ["--trainer.logger", json.dumps(logger), "--trainer.callbacks+", json.dumps(final)]
+    return Command("radio_lit.cli:main", args)
 
 
 class _Progress:
@@ -253,7 +297,7 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text[-lines:])
 
 
-def _run_row(row: Row, index: int, command: list[str], out: Path, progress: _Progress) -> int:
+def _run_row(row: Row, index: int, command: Command, out: Path, progress: _Progress) -> int:
     """Run one row's fit, printing progress; returns its exit status."""
     progress_file = out / "rows" / f"{row.slug}.progress.json"
     for stale in (progress_file, out / "rows" / f"{row.slug}.metrics.json"):
@@ -265,28 +309,25 @@ def _run_row(row: Row, index: int, command: list[str], out: Path, progress: _Pro
     log_path = out / "logs" / f"{row.slug}.log"
     row_start = time.monotonic()
     print(progress.line(index, row, row_start, 0, 0), flush=True)
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env()
-        )
-        last_report = row_start
-        try:
-            while process.poll() is None:
-                time.sleep(0.5)
-                if time.monotonic() - last_report >= REPORT_EVERY:
-                    state = _read_json(progress_file) or {}
-                    print(
-                        progress.line(
-                            index, row, row_start, state.get("step", 0), state.get("max_steps", 0)
-                        ),
-                        flush=True,
-                    )
-                    last_report = time.monotonic()
-        except BaseException:
-            process.terminate()
-            process.wait()
-            raise
-    return process.returncode
+    process = _start(command, log_path)
+    last_report = row_start
+    try:
+        while process.is_alive():
+            process.join(0.5)
+            if time.monotonic() - last_report >= REPORT_EVERY:
+                state = _read_json(progress_file) or {}
+                print(
+                    progress.line(
+                        index, row, row_start, state.get("step", 0), state.get("max_steps", 0)
+                    ),
+                    flush=True,
+                )
+                last_report = time.monotonic()
+    except BaseException:
+        process.terminate()
+        process.join()
+        raise
+    return process.exitcode
 
 
 def run_ablation(

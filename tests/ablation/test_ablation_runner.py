@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,18 +42,22 @@ def test_a_bad_row_or_base_is_one_clear_error(capsys, tmp_path):
     assert not (tmp_path / "rows").exists()
 
 
+def fake_row(args: list[str]) -> None:
+    """A row's process that writes the file FinalValidation writes: ``[path, json, code]``."""
+    path, metrics, exit_code = args
+    Path(path).write_text(metrics)
+    sys.exit(int(exit_code))
+
+
 def _fake_fit(calls: list[str], exit_code: int = 0):
-    """A stand-in for a row's fit that writes the files FinalValidation writes."""
+    """A stand-in for a row's fit (:func:`fake_row`)."""
 
     def command(row, base, overrides, out):
         calls.append(row.name)
         metrics = {"step": 3, "metrics": {"val/clip/mse": len(calls) / 10, "val/loss": 1.0}}
         path = out / "rows" / f"{row.slug}.metrics.json"
-        code = (
-            f"import json, pathlib, sys; pathlib.Path({str(path)!r}).write_text("
-            f"json.dumps({metrics!r})); sys.exit({exit_code})"
-        )
-        return [sys.executable, "-c", code]
+        args = [str(path), json.dumps(metrics), str(exit_code)]
+        return runner.Command(f"{__name__}:fake_row", args)
 
     return command
 
@@ -89,14 +91,12 @@ def test_finished_rows_are_not_run_again(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path):
+def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path, capsys):
     out = tmp_path / "ablations"
-    command = [sys.executable, "-m", "radio_lit.cli", "ablate", "--rows", "MSE", "PHI-S"]
-    command += ["--out", str(out), "--trainer.max_steps", "4"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[2/2] PHI-S: done, 4 steps" in done.stdout
+    command = ["ablate", "--rows", "MSE", "PHI-S", "--out", str(out), "--trainer.max_steps", "4"]
+    main(command)  # the rows run in processes of their own, forked from the fork server
+    done = capsys.readouterr().out
+    assert "[2/2] PHI-S: done, 4 steps" in done
 
     with (out / "results.csv").open() as handle:
         rows = {r["row"]: r for r in csv.DictReader(handle)}
@@ -113,13 +113,14 @@ def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path):
     )
     for table in ("teacher_mse", "fidelity", "error_variance_range", "ranks"):
         assert "| PHI-S |" in (out / f"{table}.md").read_text()
-    assert "### Fidelity" in done.stdout
+    assert "### Fidelity" in done
     for slug in ("mse", "phi-s"):
         assert list((out / "tensorboard" / slug).glob("events.out.tfevents.*"))
+        assert "max_steps=4` reached" in (out / "logs" / f"{slug}.log").read_text()
 
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert again.returncode == 0
-    assert "MSE: already done" in again.stdout and "PHI-S: already done" in again.stdout
+    main(command)
+    again = capsys.readouterr().out
+    assert "MSE: already done" in again and "PHI-S: already done" in again
 
 
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
