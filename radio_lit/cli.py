@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ArgumentError, ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -86,8 +86,12 @@ class RadioLitCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """Build the configured classes; a constructor's error becomes a :class:`ConfigError`
-        prefixed with the config key of the class that raised it."""
+        prefixed with the config key of the class that raised it. A run from a cache
+        (``data: radio_lit.cache.CachedViews``) builds :class:`~radio_lit.cache.CachedTeacher`
+        in place of its teachers; its saved ``config.yaml`` keeps them as given."""
         self.hub.settle()
+        self.given_config = self.config
+        self.config = _with_cached_teachers(self.config, self.subcommand)
         try:
             super().instantiate_classes()
         except Exception as error:  # any constructor error is a configuration problem
@@ -102,10 +106,13 @@ class RadioLitCLI(LightningCLI):
                 key = str(wrapped).split(": ", 1)[0] if ": " in str(wrapped) else None
                 wrapped = ConfigError(f"{key}: {download}" if key else download)
             raise wrapped from error
+        finally:
+            self.config = self.given_config
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with :class:`ScheduleCheck` for ``fit``, and :class:`LineProgress` in
         place of the TQDM bar when standard output is not a terminal."""
+        self.config = self.given_config  # what SaveConfigCallback writes
         added: list[Any] = []
         if self.subcommand == "fit":
             added.append(ScheduleCheck())
@@ -164,6 +171,36 @@ class RadioLitCLI(LightningCLI):
             if path:
                 lines.append(f"checkpoint: {path}")
         print("\n".join(lines), flush=True)
+
+
+def _with_cached_teachers(config: Namespace, subcommand: str | None) -> Namespace:
+    """``config``, or a copy whose teachers are :class:`~radio_lit.cache.CachedTeacher` if
+    its data is a :class:`~radio_lit.cache.CachedViews` cache (checked against it first)."""
+    from radio_lit.cache import CachedViews
+    from radio_lit.cache.teacher import cached_teacher_configs
+
+    section = config.get(subcommand) if subcommand else config
+    data = section.get("data") if section is not None else None
+    class_path = data.get("class_path") if isinstance(data, Namespace) else None
+    if not class_path or class_path.rsplit(".", 1)[-1] != CachedViews.__name__:
+        return config
+    module, name = class_path.rsplit(".", 1)
+    if getattr(importlib.import_module(module), name, None) is not CachedViews:
+        return config
+    folder = str(data["init_args.path"])
+    teachers = section.get("model.teachers") or {}
+    try:
+        given = {k: v.as_dict() if isinstance(v, Namespace) else v for k, v in teachers.items()}
+        replaced = cached_teacher_configs(folder, given)
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"data.init_args.path: {error}") from error
+    config = config.clone()
+    section = config.get(subcommand) if subcommand else config
+    section["model.teachers"] = {
+        name: Namespace(class_path=entry["class_path"], init_args=Namespace(entry["init_args"]))
+        for name, entry in replaced.items()
+    }
+    return config
 
 
 def _parsers(parser: ArgumentParser) -> Iterator[ArgumentParser]:

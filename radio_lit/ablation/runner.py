@@ -18,8 +18,12 @@ the base's views to ``DIR`` (kept, and reused by later ablations with the same b
 every row trains from it (``data: radio_lit.cache.CachedViews``), the same run as a live one
 (the rows differ after the teachers: normalizer, loss, balancer). ``--seeds N`` trains each
 row with seeds 0 (the base's ``seed_everything``) to N-1 and prints mean ± std tables, marking
-with ``≈`` the values within the seeds' spread of their column's best. With random-weight
-teachers the seed also draws the teachers, so each seed has its own cache (``DIR-seed<s>``).
+with ``≈`` the values within the seeds' spread of their column's best. The seed draws the
+student's initialization and the step's randomness; the data (the base's ``data.seed``) is
+the same for every seed. A run from the cache does not build its teachers
+(:class:`~radio_lit.cache.CachedTeacher`), so one cache serves every seed: with
+random-weight teachers, all rows train against those the cache was written with (the
+base seed's).
 
 The rows' processes are forked from a ``multiprocessing`` fork server that has imported torch,
 Lightning and radio-lit once (it computes nothing, so forking it is safe): a row costs a fork,
@@ -190,17 +194,13 @@ def _seed_overrides(seed: int) -> list[str]:
     return [] if seed == 0 else ["--seed_everything", str(seed)]
 
 
-def _cache_dir(cache: Path, seed: int) -> Path:
-    return cache if seed == 0 else cache.with_name(f"{cache.name}-seed{seed}")
-
-
-def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path, seed: int) -> None:
+def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path) -> None:
     """``radio-lit cache`` for the base (the rows share its teachers and data)."""
-    log_path = out / "logs" / f"cache-seed{seed}.log"
-    args = ["cache", "--config", str(base), *overrides, *_seed_overrides(seed)]
+    log_path = out / "logs" / "cache.log"
+    args = ["cache", "--config", str(base), *overrides]
     args += ["--out", str(folder), "--views", "epochs"]
     start = time.monotonic()
-    print(f"cache (seed {seed}): writing the teachers' outputs to {folder}", flush=True)
+    print(f"cache: writing the teachers' outputs to {folder}", flush=True)
     process = _start(Command("radio_lit.cli:main", args), log_path)
     process.join()
     status = process.exitcode
@@ -208,7 +208,7 @@ def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path, seed
         raise ValueError(
             f"radio-lit cache failed (exit {status}), see {log_path}:\n{_tail(log_path)}"
         )
-    print(f"cache (seed {seed}): ready in {_clock(time.monotonic() - start)}", flush=True)
+    print(f"cache: ready in {_clock(time.monotonic() - start)}", flush=True)
 
 
 def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Command:
@@ -368,9 +368,8 @@ def run_ablation(
     for row, _ in runs:
         if row.slug in finished:
             print(f"{row.name}: already done in {out / 'rows' / row.slug}.json, skipped")
-    if cache is not None:
-        for seed in sorted({seed for _, seed in todo}):
-            _write_cache(base, overrides, _cache_dir(cache, seed), out, seed)
+    if cache is not None and todo:
+        _write_cache(base, overrides, cache, out)
 
     progress = _Progress(len(todo))
     failed = []
@@ -378,8 +377,7 @@ def run_ablation(
         row_start = time.monotonic()
         data = []
         if cache is not None:
-            data = ["--data", "radio_lit.cache.CachedViews", "--data.path"]
-            data.append(str(_cache_dir(cache, seed)))
+            data = ["--data", "radio_lit.cache.CachedViews", "--data.path", str(cache)]
         command = _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
         status = _run_row(row, index, command, out, progress)
         metrics = _read_json(out / "rows" / f"{row.slug}.metrics.json")

@@ -5,16 +5,18 @@ teachers over its training data, several views per image drawn exactly as traini
 them, and stores each view's crop and teacher outputs (:mod:`.shards`, :mod:`.manifest`).
 ``data: radio_lit.cache.CachedViews`` (:mod:`.datamodule`) trains from it: the step takes the
 teacher outputs from the batch (:class:`.CachedBatch`) instead of running the teachers, and
-everything after them is unchanged.
+everything after them is unchanged; the teachers are not built (:class:`.CachedTeacher`).
 """
 
 from radio_lit.cache.batch import CachedBatch, collate_views, output_key, student_pixels
 from radio_lit.cache.datamodule import CachedDataset, CachedViews, ViewSampler
 from radio_lit.cache.manifest import Manifest, check_run, teacher_signature, view_sizes
+from radio_lit.cache.teacher import CachedTeacher
 
 __all__ = [
     "CachedBatch",
     "CachedDataset",
+    "CachedTeacher",
     "CachedViews",
     "Manifest",
     "ViewSampler",

@@ -7,8 +7,9 @@ teacher's recorded outputs, which the step uses instead of running the teachers
 :class:`~radio_lit.data.resumable.SeededSampler` over the same items, same seed), and epoch
 ``e`` replays view ``e mod views`` of each item: the view a live run draws in epoch ``e``
 for ``e < views``. So, with a float32 cache, a run from the cache is the live run, step for
-step; checkpoints and exact resume work as for live data. Validation (``val_dir``) runs the
-live teachers on the held-out images, as without a cache.
+step; checkpoints and exact resume work as for live data. Validation replays the cached
+views of the run's ``val_dir`` (:class:`CachedValidation`): the teachers are not needed, and
+the ``radio-lit`` command does not build them (:class:`~radio_lit.cache.CachedTeacher`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ from collections.abc import Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from radio_lit.cache.batch import collate_views
-from radio_lit.cache.manifest import Manifest, check_run
+from radio_lit.cache.manifest import VAL_FILE, Manifest, check_run
 from radio_lit.cache.shards import ShardReader
 from radio_lit.data.datamodule import ImageDataModule
 from radio_lit.data.resumable import SeededSampler
 from radio_lit.errors import ConfigError
 
-__all__ = ["CachedDataset", "CachedViews", "ViewSampler"]
+__all__ = ["CachedDataset", "CachedValidation", "CachedViews", "ViewSampler"]
 
 
 class CachedDataset(Dataset[Mapping[str, Tensor]]):
@@ -62,6 +64,31 @@ class CachedDataset(Dataset[Mapping[str, Tensor]]):
         return self.reader.read(shard, position)
 
 
+class CachedValidation(Dataset[Mapping[str, Tensor]]):
+    """The cached validation views of a cache folder (:data:`VAL_FILE`), in ``val_dir``
+    order; item ``i`` is keyed like :class:`CachedDataset`'s."""
+
+    def __init__(self, folder: str | Path, manifest: Manifest) -> None:
+        path = Path(folder) / VAL_FILE
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"cache validation views {path} are missing: run radio-lit cache again with "
+                f"the same --config and --out {folder} (it keeps the finished shards)"
+            )
+        self.tensors = load_file(str(path))
+        if len(self.tensors["pixels"]) != manifest.val_items:
+            raise ValueError(
+                f"cache validation views {path} hold {len(self.tensors['pixels'])} images, the "
+                f"manifest {manifest.val_items}: run radio-lit cache again into a new --out"
+            )
+
+    def __len__(self) -> int:
+        return len(self.tensors["pixels"])
+
+    def __getitem__(self, index: int) -> Mapping[str, Tensor]:
+        return {key: value[index] for key, value in self.tensors.items()}
+
+
 class ViewSampler(SeededSampler):
     """The live run's order (:class:`SeededSampler`, same seed), yielding ``(index, view)``
     with ``view = epoch mod views``."""
@@ -82,31 +109,24 @@ class CachedViews(ImageDataModule):
         path: the folder ``radio-lit cache --out`` wrote.
         batch_size: images per batch and per rank; ``None``: the cached run's.
         num_workers: DataLoader worker processes reading the shards.
-        val_dir: folder of validation images (run through the live teachers); ``None``: the
-            cached run's ``val_dir``, if it had one.
 
-    The crop size and the seed of the order are the cached run's. At ``fit`` the model's
-    teachers and student resolutions are checked against the manifest
-    (:func:`radio_lit.cache.manifest.check_run`).
+    The crop size, the seed of the order and the validation images (``val_dir``) are the
+    cached run's. At ``fit`` the model's teachers and student resolutions are checked
+    against the manifest (:func:`radio_lit.cache.manifest.check_run`).
     """
 
-    train_collate = staticmethod(collate_views)
+    collate = staticmethod(collate_views)
 
-    def __init__(
-        self,
-        path: str,
-        batch_size: int | None = None,
-        num_workers: int = 0,
-        val_dir: str | None = None,
-    ) -> None:
+    def __init__(self, path: str, batch_size: int | None = None, num_workers: int = 0) -> None:
         manifest = Manifest.load(path)
         super().__init__(
             crop_size=int(manifest.data["crop_size"]),
             batch_size=batch_size or int(manifest.data["batch_size"]),
             num_workers=num_workers,
-            val_dir=val_dir if val_dir is not None else manifest.data["val_dir"],
+            val_dir=None,
             seed=int(manifest.data["seed"]),
         )
+        self.val_dir = manifest.data["val_dir"] if manifest.val_items else None
         self.path = path
         self.manifest = manifest
         self.train_data = CachedDataset(path, manifest)  # refuses missing or truncated shards
@@ -128,6 +148,9 @@ class CachedViews(ImageDataModule):
 
     def build_train_dataset(self) -> CachedDataset:
         return self.train_data
+
+    def build_val_dataset(self) -> CachedValidation:
+        return CachedValidation(self.path, self.manifest)
 
     def train_sampler(self, dataset: Sized, num_replicas: int, rank: int) -> SeededSampler:
         return ViewSampler(dataset, num_replicas, rank, self.seed, self.manifest.views)

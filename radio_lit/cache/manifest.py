@@ -46,7 +46,9 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 #: Version of the storage layout described in this module.
-FORMAT = 1
+FORMAT = 2
+#: File of the validation views (all of them, in ``val_dir`` order), beside the shards.
+VAL_FILE = "val.safetensors"
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -62,7 +64,11 @@ def weights_digest(module: nn.Module) -> str:
 
 
 def teacher_signature(teacher: Teacher) -> dict[str, Any]:
-    """What a teacher's outputs depend on, beside the crop and the view size."""
+    """What a teacher's outputs depend on, beside the crop and the view size, and how the
+    step treats them (``interpolatable``); a teacher read from a cache
+    (:class:`~radio_lit.cache.CachedTeacher`) has the signature recorded there."""
+    if not teacher.live:
+        return dict(teacher.signature)  # type: ignore[attr-defined]
     return {
         "class": f"{type(teacher).__module__}.{type(teacher).__qualname__}",
         "resolution": teacher.resolution,
@@ -72,6 +78,7 @@ def teacher_signature(teacher: Teacher) -> dict[str, Any]:
         "follow_student": teacher.follow_student,
         "feature_dim": teacher.feature_dim,
         "summary_dim": teacher.summary_dim,
+        "interpolatable": teacher.interpolatable,
         "weights": weights_digest(teacher),
     }
 
@@ -100,7 +107,8 @@ class Manifest:
         teachers: name -> ``{"config", "signature", "sizes", "shapes"}``; ``shapes`` maps each
             stored key (:func:`radio_lit.cache.batch.output_key`) to its per-view shape.
         data: ``{"config": the run's data section, "crop_size", "seed", "num_items",
-            "batch_size", "val_dir"}``.
+            "batch_size", "val_dir", "val_items"}``; ``val_items`` validation views (the
+            center crops of ``val_dir``) are in :data:`VAL_FILE`.
         views: views cached per image.
         dtype: storage dtype of the teacher outputs (a key of :data:`DTYPES`).
         samples_per_shard: samples per tar shard (the last shard may hold fewer).
@@ -123,6 +131,11 @@ class Manifest:
     def num_items(self) -> int:
         """Training items (images, times the data's repeats) per view."""
         return int(self.data["num_items"])
+
+    @property
+    def val_items(self) -> int:
+        """Validation views in :data:`VAL_FILE` (0: the cache has none)."""
+        return int(self.data.get("val_items", 0))
 
     @property
     def num_samples(self) -> int:
@@ -177,9 +190,9 @@ class Manifest:
 
 
 def views_config(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a manifest's data record that the views depend on (not the batch size,
-    the workers or the validation folder)."""
-    unused = ("batch_size", "num_workers", "val_dir")
+    """The part of a manifest's data record that the views depend on (not the batch size
+    or the workers)."""
+    unused = ("batch_size", "num_workers")
     config = json.loads(json.dumps(data.get("config", {}), default=str))
     init = config.get("init_args", {})
     for key in unused:

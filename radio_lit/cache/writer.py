@@ -11,7 +11,9 @@ teacher on it at every view size the run can show it (its native resolution, or 
 student resolution of its partitions if it follows the student), with the step's own code
 (:func:`~radio_lit.step.run_teachers`). Stored per view: the crop (uint8, what the
 student's view is made from) and each teacher's summary and features on its own grid, before
-normalization, in ``--dtype``. Layout: :mod:`radio_lit.cache.shards`,
+normalization, in ``--dtype``. The validation images of the run's ``val_dir`` (their fixed
+center crops, in the validation loader's batches) are stored the same way, in one file, so a
+run from the cache validates without its teachers. Layout: :mod:`radio_lit.cache.shards`,
 :mod:`radio_lit.cache.manifest`.
 
 The size is printed before anything is written, and the command refuses to start if the disk
@@ -35,13 +37,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save as save_safetensors
+from safetensors.torch import save_file
 from torch import Tensor
 from torch.utils.data import IterableDataset
 from tqdm import tqdm
 from webdataset import TarWriter
 
 from radio_lit.cache.batch import output_key
-from radio_lit.cache.manifest import DTYPES, Manifest, teacher_signature, view_sizes
+from radio_lit.cache.manifest import DTYPES, VAL_FILE, Manifest, teacher_signature, view_sizes
 from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
@@ -167,12 +170,14 @@ class _Recorder:
             else nullcontext()
         )
 
-    def __call__(self, pixels: Tensor) -> list[dict[str, Tensor]]:
+    def __call__(self, pixels: Tensor, rows: int | None = None) -> list[dict[str, Tensor]]:
+        """Each crop's tensors; the teachers see ``rows`` crops at a time (default: the
+        partition's training batch)."""
         crop = as_float_images(pixels.to(self.device))
         stored: dict[str, Tensor] = {}
         with torch.no_grad(), self.autocast:
             for partition, members in self.plan.members.items():
-                rows = self.plan.partitions[partition].batch_size or self.batch
+                part_rows = rows or self.plan.partitions[partition].batch_size or self.batch
                 for height, width in self.plan.resolutions[partition]:
                     grid = (height // self.patch, width // self.patch)
                     names = [
@@ -181,7 +186,7 @@ class _Recorder:
                         if output_key(n, self.teachers[n].view_size(grid), "features") not in stored
                     ]
                     if names:
-                        stored.update(self._run(crop, names, grid, rows))
+                        stored.update(self._run(crop, names, grid, part_rows))
         return [
             {"pixels": pixels[i].contiguous(), **{k: v[i].contiguous() for k, v in stored.items()}}
             for i in range(pixels.shape[0])
@@ -264,6 +269,7 @@ def write_cache(
                 items.append(dataset[index])
         return torch.stack(items)
 
+    val_batches = _val_batches(datamodule)
     probe = recorder(crops([0]))[0]
     sample_bytes = _tar_bytes(save_safetensors(probe))
     sizes = view_sizes(module.teachers, module.partitions, module.student.patch_size)
@@ -285,6 +291,7 @@ def write_cache(
             "num_items": num_items,
             "batch_size": datamodule.batch_size,
             "val_dir": datamodule.val_dir,
+            "val_items": sum(len(batch) for batch in val_batches),
         },
         views=views,
         dtype=dtype,
@@ -307,7 +314,11 @@ def write_cache(
     todo = [j for j in mine if not shard_is_complete(out, j, len(manifest.shard_samples(j)))]
     samples = sum(len(manifest.shard_samples(j)) for j in todo)
     need = samples * sample_bytes + len(todo) * _TAR_END
-    total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END
+    val_path = out / VAL_FILE
+    val_bytes = manifest.val_items * sample_bytes
+    if shard_index == 0 and not val_path.is_file():
+        need += val_bytes
+    total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END + val_bytes
     per_teacher = ", ".join(f"{k} {_human(v)}" for k, v in manifest.bytes_per_view.items())
     print(
         f"radio-lit cache: {num_items} items x {views} views = {manifest.num_samples} views "
@@ -321,6 +332,8 @@ def write_cache(
             f"{out} needs {_human(need)} for the cache but its disk has {_human(free)} free: "
             "free some space or choose another --out (finished shards are kept)"
         )
+    if shard_index == 0 and val_batches and not val_path.is_file():
+        _write_val(val_path, val_batches, recorder)
     with tqdm(total=samples, unit="view", desc="radio-lit cache", file=sys.stderr) as progress:
         for shard in todo:
             write_shard(
@@ -331,6 +344,24 @@ def write_cache(
                 ),
             )
     return manifest
+
+
+def _val_batches(datamodule: Any) -> list[Tensor]:
+    """The validation loader's batches ``[B, 3, S, S]`` uint8 (none without ``val_dir``)."""
+    if datamodule.val_dir is None:
+        return []
+    datamodule.setup("validate")
+    return list(datamodule.val_dataloader())
+
+
+def _write_val(path: Path, batches: list[Tensor], recorder: _Recorder) -> None:
+    """The validation views, every teacher on each validation batch as the validation step
+    runs it (the whole batch at once), stacked into one safetensors file."""
+    views = [view for batch in batches for view in recorder(batch, rows=len(batch))]
+    tensors = {key: torch.stack([view[key] for view in views]) for key in views[0]}
+    partial = path.with_name(path.name + ".partial")
+    save_file(tensors, str(partial))
+    partial.replace(path)
 
 
 def _samples(

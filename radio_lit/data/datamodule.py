@@ -44,8 +44,8 @@ class ImageDataModule(LightningDataModule):
     checkpoints: a resumed run continues with the same next sample and the same crop.
     """
 
-    #: Collates training items into a batch (``None``: stack the ``[3, S, S]`` crops).
-    train_collate: Callable[[list[Any]], Any] | None = None
+    #: Collates items into a batch (``None``: stack the ``[3, S, S]`` crops).
+    collate: Callable[[list[Any]], Any] | None = None
 
     def __init__(
         self, crop_size: int, batch_size: int, num_workers: int, val_dir: str | None, seed: int = 0
@@ -70,13 +70,18 @@ class ImageDataModule(LightningDataModule):
         """The training dataset, items ``[3, S, S]`` uint8."""
         raise NotImplementedError
 
+    def build_val_dataset(self) -> Dataset[Any]:
+        """The validation dataset (``val_dir`` is set): the center crops ``[3, S, S]`` uint8
+        of ``val_dir``."""
+        return ImageFolderDataset(str(self.val_dir), eval_transform(self.crop_size))
+
     def setup(self, stage: str) -> None:
         """Build the datasets ``stage`` needs (once; later calls keep them)."""
         if stage == "fit" and self.train_dataset is None:
             self.train_dataset = self.build_train_dataset()
         evaluates = stage in ("fit", "validate", "test", "predict")
         if evaluates and self.val_dir is not None and self.val_dataset is None:
-            self.val_dataset = ImageFolderDataset(self.val_dir, eval_transform(self.crop_size))
+            self.val_dataset = self.build_val_dataset()
 
     def train_dataloader(self) -> DataLoader[Tensor]:
         """Shuffled (map-style datasets) full batches ``[B, 3, S, S]`` uint8."""
@@ -114,10 +119,10 @@ class ImageDataModule(LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
         )
+        if self.collate is not None:
+            options["collate_fn"] = self.collate
         if not train:
             return DataLoader(dataset, **options)
-        if self.train_collate is not None:
-            options["collate_fn"] = self.train_collate
         if isinstance(dataset, IterableDataset):
             return ResumableDataLoader(dataset, **options)
         trainer = self.trainer

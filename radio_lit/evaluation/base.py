@@ -82,6 +82,10 @@ class Evaluation(Callback):
         """Run the measure on ``view`` (every rank calls it; the report is the same on all)."""
         raise NotImplementedError
 
+    def required_teachers(self) -> list[str]:
+        """Teachers the measure cannot run without (beyond the student's estimates)."""
+        return []
+
     # -- schedule -----------------------------------------------------------------------------
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
@@ -108,6 +112,15 @@ class Evaluation(Callback):
             rank_zero_warn(
                 f"{type(self).__name__} skipped at step {trainer.global_step}: the teacher "
                 "normalizers are not fitted yet (no teacher-space estimates to evaluate)"
+            )
+            return Report()
+        cached = [n for n in self.required_teachers() if n in module.teachers]
+        cached = [n for n in cached if not module.teachers[n].live]
+        if cached:
+            rank_zero_warn(
+                f"{type(self).__name__} skipped at step {trainer.global_step}: it runs teacher "
+                f"{cached[0]}, which this run reads from a teacher-feature cache and does not "
+                "build; radio-lit evaluate CHECKPOINT runs it with the teachers"
             )
             return Report()
         # The measures' data loaders draw from the global RNG: fork it, so that training

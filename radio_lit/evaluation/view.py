@@ -95,7 +95,8 @@ def module_view(module: DistillationModule) -> ModelView:
 
     ``backbone`` is the student's first summary token ``[B, D]`` and its patch features
     ``[B, h, w, D]``; each teacher's entry is what :meth:`DistillationModule.predict_step`
-    returns (features denormalized by the teacher's normalizer, PHI-S 2.2).
+    returns (features denormalized by the teacher's normalizer, PHI-S 2.2). Its teachers are
+    the module's live ones (none in a run from a cache, :class:`radio_lit.cache.CachedTeacher`).
     """
 
     def outputs(images: Tensor) -> dict[str, TeacherOutput]:
@@ -114,7 +115,7 @@ def module_view(module: DistillationModule) -> ModelView:
         model=outputs,
         resolution=module.student_resolution,
         patch_size=module.student.patch_size,
-        teachers=dict(module.teachers.items()),
+        teachers={name: t for name, t in module.teachers.items() if t.live},
     )
 
 

@@ -111,11 +111,21 @@ class ZeroShotClassification(Evaluation):
         self._weights: Tensor | None = None
         self._teacher_predictions: dict[int, Tensor] = {}
 
+    def required_teachers(self) -> list[str]:
+        return [self.teacher]
+
     def class_weights(self, view: ModelView, classes: list[str]) -> Tensor:
         """``[C_s, K]`` text weights from the teacher's text tower (computed once)."""
         if self._weights is None:
             teacher = view.teachers.get(self.teacher)
             clip = getattr(teacher, "clip", None)
+            if teacher is None:
+                raise ValueError(
+                    f"zero-shot needs the text tower of teacher {self.teacher!r}, which this "
+                    "model does not run (an exported model, or a run from a teacher-feature "
+                    "cache): evaluate the checkpoint with its teachers (radio-lit evaluate "
+                    "CHECKPOINT), or remove ZeroShotClassification from this run"
+                )
             if clip is None:
                 raise ValueError(
                     f"zero-shot needs the text tower of teacher {self.teacher!r}: set "

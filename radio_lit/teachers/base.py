@@ -6,7 +6,9 @@ embedding, the DINOv2 CLS token, nothing for SAM) and spatial features ``z_k^(v)
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,6 +43,11 @@ class Teacher(nn.Module):
     and its weights are left out of ``state_dict()`` (they reload from their source, so
     training checkpoints stay the student's size).
 
+    Building a teacher leaves the global random state as it found it (every subclass's
+    ``__init__`` runs under :func:`torch.random.fork_rng`; random weights still come from
+    that state): the student, the heads and the steps draw the same numbers whether the
+    teachers are built or their outputs are read from a cache (:mod:`radio_lit.cache`).
+
     Args:
         resolution: side of the square view the teacher sees (pixels); its native resolution.
         patch_size: pixels per feature cell of the teacher's output grid.
@@ -54,6 +61,13 @@ class Teacher(nn.Module):
     has_summary: bool = True
     #: Whether the loss may resample this teacher's features (SAM: no, PHI-S 3).
     interpolatable: ClassVar[bool] = True
+    #: Whether the teacher can run on images (``False``: its outputs come from a cache).
+    live: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _keeps_random_state(cls.__init__)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -147,6 +161,18 @@ class Teacher(nn.Module):
         out = self.encode(view.to(weight.dtype))
         summary = None if out.summary is None else out.summary.float()
         return TeacherOutput(summary=summary, features=out.features.float())
+
+
+def _keeps_random_state(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` run under :func:`torch.random.fork_rng` (CPU generator): it may draw random
+    weights, and the global state is restored afterwards."""
+
+    @functools.wraps(init)
+    def wrapped(self: Teacher, *args: Any, **kwargs: Any) -> None:
+        with torch.random.fork_rng(devices=[]):
+            init(self, *args, **kwargs)
+
+    return wrapped
 
 
 def nearest_multiple(value: int, step: int) -> int:

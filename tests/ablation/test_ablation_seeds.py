@@ -1,14 +1,15 @@
 """radio-lit ablate --seeds N (mean ± std tables, unresolved differences marked) and
---cache DIR (the teachers' cache written once per seed, every row trained from it)."""
+--cache DIR (the teachers' cache written once, every row and seed trained from it)."""
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 
 from radio_lit.ablation import runner
 from radio_lit.ablation.rows import resolve_rows
 from radio_lit.ablation.tables import MetricTable, metric_table
+from tests.ablation.test_ablation_runner import fake_row
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "configs" / "ablations" / "base.yaml"
@@ -35,26 +36,22 @@ def _fake_fit(calls: list[tuple[str, list[str]]]):
             "metrics": {"val/clip/fidelity": value, "val/fidelity_geomean": value},
         }
         path = out / "rows" / f"{row.slug}.metrics.json"
-        code = (
-            f"import json, pathlib; pathlib.Path({str(path)!r}).write_text(json.dumps({metrics!r}))"
-        )
-        return [sys.executable, "-c", code]
+        args = [str(path), json.dumps(metrics), "0"]
+        return runner.Command(f"{fake_row.__module__}:fake_row", args)
 
     return command
 
 
 def test_seeds_and_cache(monkeypatch, tmp_path, capsys):
     calls: list[tuple[str, list[str]]] = []
-    caches: list[tuple[Path, int]] = []
+    caches: list[Path] = []
     monkeypatch.setattr(runner, "_fit_command", _fake_fit(calls))
-    monkeypatch.setattr(
-        runner, "_write_cache", lambda base, o, folder, out, seed: caches.append((folder, seed))
-    )
+    monkeypatch.setattr(runner, "_write_cache", lambda base, o, folder, out: caches.append(folder))
     rows = resolve_rows(["MSE", "PHI-S", "ZCA"], ROWS_DIR)
     cache = tmp_path / "cache"
     assert runner.run_ablation(rows, BASE, [], tmp_path / "out", seeds=2, cache=cache) == []
 
-    assert caches == [(cache, 0), (tmp_path / "cache-seed1", 1)]  # once per seed, not per row
+    assert caches == [cache]  # once for every row and seed
     assert [slug for slug, _ in calls] == [
         "mse",
         "mse-seed1",
@@ -65,7 +62,7 @@ def test_seeds_and_cache(monkeypatch, tmp_path, capsys):
     ]
     assert calls[0][1] == ["--data", "radio_lit.cache.CachedViews", "--data.path", str(cache)]
     assert calls[1][1][:2] == ["--seed_everything", "1"]
-    assert calls[1][1][-1] == str(tmp_path / "cache-seed1")
+    assert calls[1][1][-1] == str(cache)  # the teachers are the cache's for every seed
 
     fidelity = (tmp_path / "out" / "fidelity.md").read_text()
     assert "| MSE | 1.1 ± 0.14 | 1.1 ± 0.14 |" in fidelity

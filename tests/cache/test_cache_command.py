@@ -4,12 +4,15 @@ shard, a cache of another config, a full disk) that loses nothing already writte
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import namedtuple
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load as load_safetensors
 
 from radio_lit.cache import Manifest
@@ -48,6 +51,7 @@ def _config(tmp_path: Path, **teacher_overrides: dict) -> Path:
             "class_path": "radio_lit.data.ImageFolderDataModule",
             "init_args": {
                 "train_dir": "radio_lit:sample_images",
+                "val_dir": "radio_lit:sample_images",
                 "crop_size": 64,
                 "batch_size": 4,
                 "num_workers": 0,
@@ -120,12 +124,45 @@ def test_cache_layout(written: tuple[Path, Path]) -> None:
     assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
 
 
+class RecordRun(Callback):
+    """Writes a run's training losses, validation metrics and teacher classes to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.losses, self.val = Path(path), [], {}
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, *args: Any) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        metrics = trainer.callback_metrics
+        self.val = {k: float(v) for k, v in metrics.items() if k.startswith("val/")}
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        teachers = {name: type(t).__name__ for name, t in module.teachers.items()}
+        record = {"losses": self.losses, "val": self.val, "teachers": teachers}
+        self.path.write_text(json.dumps(record))
+
+
 @pytest.mark.slow
-def test_fit_from_cache(written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_from_cache_is_the_live_run_without_its_teachers(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     config, cache = written
-    argv = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
-    status, error = _run([*argv, "--data.path", str(cache)], capsys)
-    assert (status, error) == (0, "")
+    runs = {}
+    for name, data in (("live", []), ("cached", ["--data", "radio_lit.cache.CachedViews"])):
+        record = {"class_path": f"{__name__}.RecordRun", "init_args": {"path": str(tmp_path / name)}}
+        argv = ["fit", "--config", str(config), *data, "--trainer.callbacks+", json.dumps(record)]
+        if data:
+            argv += ["--data.path", str(cache)]
+        assert _run(argv, capsys) == (0, "")
+        runs[name] = json.loads((tmp_path / name).read_text())
+    live, cached = runs["live"], runs["cached"]
+    assert cached["teachers"] == {"clip": "CachedTeacher", "sam": "CachedTeacher"}
+    assert live["teachers"] == {"clip": "OpenCLIPTeacher", "sam": "SAMTeacher"}
+    assert len(live["losses"]) == 3 and cached["losses"] == live["losses"]  # exactly
+    assert "val/sam/fidelity" in live["val"] and cached["val"] == live["val"]
+    saved = yaml.safe_load(Path("config.yaml").read_text())  # as given, not the stand-ins
+    assert saved["model"]["teachers"]["sam"]["class_path"] == "radio_lit.teachers.SAMTeacher"
 
 
 def test_resume_keeps_finished_shards(tmp_path: Path, written: tuple[Path, Path]) -> None:
@@ -202,7 +239,7 @@ def test_bad_caches_give_one_line(
     assert status == 2
     assert (
         "teacher sam differs from the cache" in error
-        and "resolution 64 in the cache, 96 in this run" in error
+        and "init_args.resolution 64 in the cache, 96 in this run" in error
     )
 
     no_sam = yaml.safe_load(config.read_text())
