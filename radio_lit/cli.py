@@ -174,12 +174,16 @@ class RadioLitCLI(LightningCLI):
 
 
 def _with_cached_teachers(config: Namespace, subcommand: str | None) -> Namespace:
-    """``config``, or a copy whose teachers are :class:`~radio_lit.cache.CachedTeacher` if
-    its data is a :class:`~radio_lit.cache.CachedViews` cache (checked against it first)."""
+    """``config``, or, for ``fit`` / ``validate`` / ``test`` from a
+    :class:`~radio_lit.cache.CachedViews` cache, a copy whose teachers are
+    :class:`~radio_lit.cache.CachedTeacher` (checked against the cache first). Without a
+    subcommand (``radio-lit evaluate`` building a checkpoint's run) the teachers are built."""
     from radio_lit.cache import CachedViews
     from radio_lit.cache.teacher import cached_teacher_configs
 
-    section = config.get(subcommand) if subcommand else config
+    if subcommand not in ("fit", "validate", "test"):
+        return config
+    section = config.get(subcommand)
     data = section.get("data") if section is not None else None
     class_path = data.get("class_path") if isinstance(data, Namespace) else None
     if not class_path or class_path.rsplit(".", 1)[-1] != CachedViews.__name__:

@@ -170,9 +170,11 @@ class _Recorder:
             else nullcontext()
         )
 
-    def __call__(self, pixels: Tensor, rows: int | None = None) -> list[dict[str, Tensor]]:
+    def __call__(
+        self, pixels: Tensor, rows: int | None = None, dtype: torch.dtype | None = None
+    ) -> list[dict[str, Tensor]]:
         """Each crop's tensors; the teachers see ``rows`` crops at a time (default: the
-        partition's training batch)."""
+        partition's training batch); outputs stored in ``dtype`` (default: the cache's)."""
         crop = as_float_images(pixels.to(self.device))
         stored: dict[str, Tensor] = {}
         with torch.no_grad(), self.autocast:
@@ -186,7 +188,8 @@ class _Recorder:
                         if output_key(n, self.teachers[n].view_size(grid), "features") not in stored
                     ]
                     if names:
-                        stored.update(self._run(crop, names, grid, part_rows))
+                        outputs = self._run(crop, names, grid, part_rows)
+                        stored.update({k: v.to(dtype or self.dtype) for k, v in outputs.items()})
         return [
             {"pixels": pixels[i].contiguous(), **{k: v[i].contiguous() for k, v in stored.items()}}
             for i in range(pixels.shape[0])
@@ -207,9 +210,9 @@ class _Recorder:
                 for key, value in (("features", out.features), ("summary", out.summary)):
                     if value is not None:
                         parts.setdefault(output_key(name, size, key), []).append(
-                            value[:count].to(self.dtype).cpu()
+                            value[:count].cpu()
                         )
-        return {key: torch.cat(values) for key, values in parts.items()}
+        return {key: torch.cat(values) for key, values in parts.items()}  # float32
 
 
 def _human(size: float) -> str:
@@ -315,7 +318,8 @@ def write_cache(
     samples = sum(len(manifest.shard_samples(j)) for j in todo)
     need = samples * sample_bytes + len(todo) * _TAR_END
     val_path = out / VAL_FILE
-    val_bytes = manifest.val_items * sample_bytes
+    val_view = sum(v.numel() * (1 if k == "pixels" else 4) for k, v in probe.items())
+    val_bytes = manifest.val_items * val_view  # float32
     if shard_index == 0 and not val_path.is_file():
         need += val_bytes
     total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END + val_bytes
@@ -356,8 +360,11 @@ def _val_batches(datamodule: Any) -> list[Tensor]:
 
 def _write_val(path: Path, batches: list[Tensor], recorder: _Recorder) -> None:
     """The validation views, every teacher on each validation batch as the validation step
-    runs it (the whole batch at once), stacked into one safetensors file."""
-    views = [view for batch in batches for view in recorder(batch, rows=len(batch))]
+    runs it (the whole batch at once), stacked into one safetensors file; in float32
+    whatever the cache's dtype, so validation measures against the teachers' own numbers."""
+    views = [
+        view for batch in batches for view in recorder(batch, len(batch), torch.float32)
+    ]
     tensors = {key: torch.stack([view[key] for view in views]) for key in views[0]}
     partial = path.with_name(path.name + ".partial")
     save_file(tensors, str(partial))
