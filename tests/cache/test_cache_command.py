@@ -16,7 +16,8 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load as load_safetensors
 
 from radio_lit.cache import Manifest
-from radio_lit.cli import RadioLitCLI, main
+from radio_lit.cli import main
+from radio_lit.evaluation.command import _run_cli
 from tests.teachers.tiny import tiny_teacher_configs
 
 
@@ -164,8 +165,7 @@ def test_fit_from_cache_is_the_live_run_without_its_teachers(
     saved = yaml.safe_load(Path("config.yaml").read_text())  # as given, not the stand-ins
     assert saved["model"]["teachers"]["sam"]["class_path"] == "radio_lit.teachers.SAMTeacher"
     # radio-lit evaluate builds a checkpoint's run without a subcommand: the real teachers
-    run = RadioLitCLI(args=["--config", "config.yaml", "--trainer.logger", "false"], run=False)
-    assert type(run.model.teachers["sam"]).__name__ == "SAMTeacher"
+    assert type(_run_cli("config.yaml").model.teachers["sam"]).__name__ == "SAMTeacher"
 
 
 def test_resume_keeps_finished_shards(tmp_path: Path, written: tuple[Path, Path]) -> None:
