@@ -168,6 +168,7 @@ def _launcher() -> str:
 def _process_main(command: Command, log_path: str, launcher: str) -> None:
     """A row's process: its output to ``log_path``, then ``command`` as ``radio-lit``; the
     processes it starts import this radio_lit first."""
+    multiprocessing.set_start_method(None, force=True)  # its DataLoader workers: the default
     root = str(Path(__file__).resolve().parents[2])
     paths = (root, os.environ.get("PYTHONPATH"))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
