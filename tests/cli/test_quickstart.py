@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from radio_lit.cli import RadioLitCLI
@@ -29,9 +31,21 @@ def fit(tmp_path: Path, *overrides: str) -> RadioLitCLI:
     )
 
 
+def callbacks_without_measures() -> str:
+    """The quickstart's callbacks less its evaluation measures (``radio_lit.evaluation``),
+    as a ``--trainer.callbacks`` value. The measures, run at the end of fit, have a quickstart
+    test of their own (tests/evaluation/test_in_training.py)."""
+    callbacks = yaml.safe_load(Path(QUICKSTART).read_text())["trainer"]["callbacks"]
+    kept = [c for c in callbacks if not c["class_path"].startswith("radio_lit.evaluation.")]
+    assert len(kept) < len(callbacks)
+    return json.dumps(kept)
+
+
 @pytest.mark.slow
 def test_quickstart_trains_logs_and_checkpoints(tmp_path):
-    cli = fit(tmp_path, "--trainer.max_steps", "25")
+    cli = fit(
+        tmp_path, "--trainer.max_steps", "25", "--trainer.callbacks", callbacks_without_measures()
+    )
     run_dir = Path(cli.trainer.logger.log_dir)
     assert (run_dir / "config.yaml").is_file()
     checkpoints = sorted((run_dir / "checkpoints").glob("*.ckpt"))
