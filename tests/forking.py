@@ -57,6 +57,10 @@ def _main(
 ) -> None:
     if new_session:  # its own process group: os.killpg(pid, ...) reaches its children too
         os.setsid()
+    # The process inherits the fork server's start method; a command starts with the
+    # platform's default. Without this, each DataLoader worker pool would start a fork server
+    # of its own and import torch again (~7 s).
+    multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

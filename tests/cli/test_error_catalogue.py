@@ -1,8 +1,9 @@
 """The error catalogue: every known bad input, through the real ``radio-lit`` command.
 
 Each entry calls ``radio_lit.cli.main`` (what the ``radio-lit`` console script runs) with a
-bad command line, in this process, and expects exit code 2, one short message naming the
-option or config key and the problem, no traceback, and no run folder left behind. Three
+bad command line, in a process forked from the tests' fork server (:mod:`tests.forking`; two
+at a time, one per core), and expects exit code 2, one short message naming the option or
+config key and the problem, no traceback, and no run folder left behind. Three
 checks run concurrently outside this process (one fixture starts them all): the exit status
 that a shell sees from the real console command, and, forked from the tests' fork server
 (:mod:`tests.forking`), the traceback on request and a diverging run.
@@ -207,29 +208,41 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-@pytest.fixture
-def scratch(tmp_path, monkeypatch) -> Path:
-    """A scratch folder as the working directory; the Hub at an address that refuses
-    connections, not set offline (tests/conftest.py restores the offline mode after)."""
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "corrupt.ckpt").write_bytes(os.urandom(2048))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    return tmp_path
+BadInput = tuple[forking.Outcome, float, Path]  # how it ended, its seconds, its scratch folder
+
+
+def _bad_input(name: str, scratch: Path, env: dict[str, str]) -> BadInput:
+    """Catalogue entry ``name`` in a fork of the tests' fork server, in the scratch folder
+    ``scratch`` (``{tmp}``) as its working directory."""
+    (scratch / "empty").mkdir(parents=True)
+    (scratch / "corrupt.ckpt").write_bytes(os.urandom(2048))
+    argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
+    start = time.monotonic()
+    outcome = forking.run("radio_lit.cli:main", [argv], scratch / "forked", env=env, cwd=scratch)
+    return outcome, time.monotonic() - start, scratch
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory) -> dict[str, BadInput]:
+    """Every entry, two at a time (one per core), each in a scratch folder of its own as the
+    working directory; the Hub at an address that refuses connections, not set offline."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    env.pop(TRACEBACK_ENV, None)
+    root = tmp_path_factory.mktemp("bad_inputs")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            name: pool.submit(_bad_input, name, root / f"entry{i}", env)
+            for i, name in enumerate(CATALOGUE)
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CATALOGUE))
-def test_bad_input_gets_one_short_message_and_exit_code_2(scratch, capsys, name):
-    argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
-    start = time.monotonic()
-    with pytest.raises(SystemExit) as stopped:
-        cli.main(argv)
-    seconds = time.monotonic() - start
-    stderr = capsys.readouterr().err
-    assert stopped.value.code == 2, stderr[-3000:]
+def test_bad_input_gets_one_short_message_and_exit_code_2(bad_inputs, name):
+    outcome, seconds, scratch = bad_inputs[name]
+    stderr = outcome.stderr
+    assert outcome.exitcode == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     error_lines = [line for line in stderr.splitlines() if "radio-lit: error:" in line]
     assert len(error_lines) == 1, stderr[-3000:]

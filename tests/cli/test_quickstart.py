@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from radio_lit.cli import RadioLitCLI
@@ -29,9 +31,21 @@ def fit(tmp_path: Path, *overrides: str) -> RadioLitCLI:
     )
 
 
+def callbacks_without_measures() -> str:
+    """The quickstart's callbacks less its evaluation measures (``radio_lit.evaluation``),
+    as a ``--trainer.callbacks`` value. The measures, run at the end of fit, have a quickstart
+    test of their own (tests/evaluation/test_in_training.py)."""
+    callbacks = yaml.safe_load(Path(QUICKSTART).read_text())["trainer"]["callbacks"]
+    kept = [c for c in callbacks if not c["class_path"].startswith("radio_lit.evaluation.")]
+    assert len(kept) < len(callbacks)
+    return json.dumps(kept)
+
+
 @pytest.mark.slow
 def test_quickstart_trains_logs_and_checkpoints(tmp_path):
-    cli = fit(tmp_path, "--trainer.max_steps", "25")
+    cli = fit(
+        tmp_path, "--trainer.max_steps", "25", "--trainer.callbacks", callbacks_without_measures()
+    )
     run_dir = Path(cli.trainer.logger.log_dir)
     assert (run_dir / "config.yaml").is_file()
     checkpoints = sorted((run_dir / "checkpoints").glob("*.ckpt"))
@@ -56,21 +70,39 @@ def test_quickstart_trains_logs_and_checkpoints(tmp_path):
         assert values[-1] < values[0], f"{teacher} feature loss did not fall: {values}"
 
 
+@pytest.fixture(scope="module")
+def stage1(tmp_path_factory) -> RadioLitCLI:
+    """A 2-step quickstart fit with statistics estimated over both steps and a last
+    checkpoint (no evaluation measures: they have tests of their own); shared by the tests
+    that only read its checkpoint."""
+    return fit(
+        tmp_path_factory.mktemp("stage1"),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.callbacks",
+        "[{class_path: radio_lit.callbacks.TeacherStatsEstimation, init_args: {steps: 2}},"
+        " {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}]",
+    )
+
+
+def last_checkpoint(cli: RadioLitCLI) -> Path:
+    return Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+
+
 @pytest.mark.slow
-def test_a_second_stage_starts_from_the_first_stage_checkpoint(tmp_path):
-    stage1 = fit(tmp_path / "stage1", "--trainer.max_steps", "4")
-    checkpoint = Path(stage1.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+def test_a_second_stage_starts_from_the_first_stage_checkpoint(stage1):
     stage2 = RadioLitCLI(
         args=[
             "--config",
             QUICKSTART,
             "--model.init_from",
-            str(checkpoint),
+            str(last_checkpoint(stage1)),
             "--model.student_resolution",
             "96",
         ],
         run=False,
     )
+    assert all(n.count.item() > 0 for n in stage1.model.normalizers.values())
     for key, value in stage1.model.student.state_dict().items():
         assert torch.equal(stage2.model.student.state_dict()[key], value), key
     assert all(n.count.item() == 0 for n in stage2.model.normalizers.values())
@@ -106,16 +138,8 @@ def test_quickstart_trains_with_every_normalizer(normalizer, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
-def test_evaluation_subcommands_run_on_a_trained_checkpoint(subcommand, tmp_path):
-    stage = fit(
-        tmp_path / "fit",
-        "--trainer.max_steps",
-        "2",
-        "--trainer.callbacks",  # statistics and the checkpoint; no evaluation measures
-        "[{class_path: radio_lit.callbacks.TeacherStatsEstimation, init_args: {steps: 2}},"
-        " {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}]",
-    )
-    checkpoint = Path(stage.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+def test_evaluation_subcommands_run_on_a_trained_checkpoint(subcommand, stage1, tmp_path):
+    checkpoint = last_checkpoint(stage1)
     cli = RadioLitCLI(
         args=[
             subcommand,

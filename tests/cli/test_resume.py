@@ -97,10 +97,15 @@ def fit(run_dir: Path, *extra: str) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
 
-def killed_at(run_dir: Path, step: int) -> Path:
-    """Start a run, SIGKILL it when it reaches ``step``; its last checkpoint."""
+def start_killable(run_dir: Path, step: int) -> forking.Forked:
+    """Start a run that pauses before ``step`` (in a session of its own: SIGKILL to its
+    process group reaches its DataLoader workers too)."""
     config = write_config(run_dir, pause_at=step)
-    run = forking.start("radio_lit.cli:main", [argv(config)], run_dir / "killed", new_session=True)
+    return forking.start("radio_lit.cli:main", [argv(config)], run_dir / "killed", new_session=True)
+
+
+def kill_when_paused(run_dir: Path, run: forking.Forked, step: int) -> Path:
+    """SIGKILL ``run`` when it reaches ``step``; its last checkpoint."""
     deadline = time.monotonic() + 600
     while not (run_dir / "paused").exists():
         assert run.alive(), run.err.read_text()[-4000:]
@@ -113,6 +118,25 @@ def killed_at(run_dir: Path, step: int) -> Path:
     # the resumed run is a fresh job: same config, without the pause
     write_config(run_dir)
     return last
+
+
+KILL_STEPS = (3, 5)  # during the statistics estimation, while the trunk is frozen
+
+
+@pytest.fixture(scope="module")
+def killable(tmp_path_factory):
+    """``{step: (run folder, run)}``: the runs to kill, started together; the tests ask for
+    this fixture before :func:`uninterrupted`, so the uninterrupted run trains alongside them
+    (three processes keep both cores busy)."""
+    runs = {}
+    for step in KILL_STEPS:
+        run_dir = tmp_path_factory.mktemp(f"killed_at_{step}")
+        runs[step] = (run_dir, start_killable(run_dir, step))
+    yield runs
+    for _, run in runs.values():  # after a failure: no run left paused
+        if run.alive():
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(time.monotonic() + 60)
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +173,11 @@ def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
     "kill_at",
     [pytest.param(3, id="during-statistics-estimation"), pytest.param(5, id="during-frozen-trunk")],
 )
-def test_a_killed_run_resumes_exactly(tmp_path, uninterrupted, kill_at):
+def test_a_killed_run_resumes_exactly(killable, uninterrupted, kill_at):
     assert kill_at < ESTIMATION or ESTIMATION <= kill_at < FROZEN
-    last = killed_at(tmp_path, kill_at)
-    resumed = fit(tmp_path, "--ckpt_path", str(last))
+    run_dir, run = killable[kill_at]
+    last = kill_when_paused(run_dir, run, kill_at)
+    resumed = fit(run_dir, "--ckpt_path", str(last))
     assert_same_run(resumed, uninterrupted)
 
 

@@ -1,13 +1,13 @@
 """A 2-process CPU/gloo training run of DistillationModule, written out per rank for the tests.
 
-Usage::
+The tests fork both ranks at once (``tests/distributed/test_distributed_fit.py``), each calling
+:func:`main` with ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` set, as ``torchrun`` or SLURM set them: Lightning then launches nothing. By
+hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
+``_SubprocessScriptLauncher``, DESIGN.md "Distributed rules")::
 
     PYTHONPATH=<repo root> MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> \\
         python tests/distributed/distributed_fit.py {ddp|fsdp2|partitions} OUTPUT_DIR
-
-Both strategies re-launch ``sys.argv`` for rank 1 (Lightning's ``_SubprocessScriptLauncher``),
-which is why this is a script run in a subprocess and not a test body (DESIGN.md,
-"Distributed rules"):
 
 - ``ddp``: ``DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)``;
 - ``fsdp2``: ``ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)``, so that
@@ -207,7 +207,8 @@ def main(kind: str, output: Path) -> None:
     trainer.strategy.barrier("results-written")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    # Rank 0 launched rank 1 (Lightning's launcher keeps its Popen objects): leave no orphan.
+    # Run as a script, rank 0 launched rank 1 (Lightning's launcher keeps its Popen objects):
+    # leave no orphan.
     for proc in getattr(trainer.strategy.launcher, "procs", []):
         proc.wait(timeout=TIMEOUT_S)
 

@@ -1,18 +1,15 @@
 """The training path on 2 CPU/gloo processes: DDP and FSDP2 (``ModelParallelStrategy``).
 
-Each strategy trains once, in a subprocess running ``distributed_fit.py`` (both strategies
-re-launch ``sys.argv`` for rank 1, DESIGN.md "Distributed rules"); the tests read what each
+Each strategy trains once, both ranks running ``distributed_fit.main`` in processes forked
+from the tests' fork server, with ``LOCAL_RANK`` set as ``torchrun`` or SLURM set it (so
+Lightning launches no process itself, DESIGN.md "Distributed rules"); the tests read what each
 rank wrote. References are computed here, in one process, from the crops each rank saw.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,13 +22,12 @@ from torch import Tensor
 
 from radio_lit.data.views import as_float_images
 from radio_lit.normalizers import PhiS
+from tests import forking
 from tests.distributed import distributed_fit as fit
 
 pytestmark = pytest.mark.distributed
 
-SCRIPT = Path(fit.__file__).resolve()
-REPO = SCRIPT.parents[2]
-RUN_TIMEOUT_S = 300  # both runs together take ~50 s on 2 busy cores
+RUN_TIMEOUT_S = 300  # both runs together take ~20 s on 2 busy cores
 KINDS = ("ddp", "fsdp2")
 # Inherited variables that would make Lightning pick another cluster environment or
 # override Trainer arguments.
@@ -70,57 +66,54 @@ def _free_port() -> int:
             return port
 
 
-def _env(port: int) -> dict[str, str]:
+def _env(port: int, rank: int) -> dict[str, str]:
+    """Rank ``rank``'s environment, as ``torchrun`` or SLURM would set it: ``LOCAL_RANK`` set,
+    so Lightning launches no process of its own and joins the group at ``port``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV_PREFIXES)}
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
     env["MASTER_ADDR"] = "127.0.0.1"
     env["MASTER_PORT"] = str(port)
+    env.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2")
     env["OMP_NUM_THREADS"] = "1"  # one core per rank
     if any(name == "lo" for _, name in socket.if_nameindex()):
         env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own connections on loopback too
     return env
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 @dataclass
 class _Launch:
-    """One running 2-process training run (rank 0 is ``proc``; it launches rank 1)."""
+    """One running 2-process training run: both ranks forked at once from the tests' fork
+    server (:mod:`tests.forking`), each running ``distributed_fit.main``."""
 
     kind: str
     out: Path
-    proc: subprocess.Popen[bytes]
+    ranks: list[forking.Forked]
     started: float
 
     @classmethod
     def start(cls, kind: str, out: Path) -> _Launch:
-        with (out / "output.log").open("wb") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, str(SCRIPT), kind, str(out)],
-                cwd=REPO,
-                env=_env(_free_port()),
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # rank 1 joins this process group: one kill ends both
-            )
-        return cls(kind, out, proc, time.monotonic())
+        port = _free_port()
+        ranks = [
+            forking.start(f"{fit.__name__}:main", (kind, out), out / f"log{rank}", _env(port, rank))
+            for rank in range(2)
+        ]
+        return cls(kind, out, ranks, time.monotonic())
 
     def wait(self) -> tuple[int | None, str]:
-        """(exit code, or None after a timeout; the combined output of both ranks)."""
-        remaining = RUN_TIMEOUT_S - (time.monotonic() - self.started)
-        try:
-            code: int | None = self.proc.wait(timeout=max(remaining, 1.0))
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            _kill_group(self.proc.pid)  # normally empty: rank 0 waits for rank 1 to exit
-            self.proc.wait()
-        text = (self.out / "output.log").read_text(errors="replace")
+        """(exit code: the first rank's that is not 0, or None after a timeout; the output of
+        both ranks)."""
+        deadline = self.started + RUN_TIMEOUT_S
+        ended = [rank.wait(deadline) for rank in self.ranks]  # kills the ranks still running
+        timed_out = time.monotonic() >= deadline and any(e.exitcode != 0 for e in ended)
+        codes = [e.exitcode for e in ended if e.exitcode != 0]
+        text = "".join(f"--- rank {rank} ---\n{e.stdout}{e.stderr}" for rank, e in enumerate(ended))
+        code = None if timed_out else (codes[0] if codes else 0)
         return code, f"[{self.kind} run: {time.monotonic() - self.started:.0f} s]\n{text}"
+
+    def kill(self) -> None:
+        for rank in self.ranks:
+            if rank.alive():
+                rank.process.kill()
+                rank.process.join()
 
 
 def _result(launch: _Launch) -> Result:
@@ -167,9 +160,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Re
 
     yield get
     for launch in launches.values():  # e.g. after a failure in the other run
-        if launch.proc.poll() is None:
-            _kill_group(launch.proc.pid)
-            launch.proc.wait()
+        launch.kill()
 
 
 @pytest.fixture(scope="module")
