@@ -18,13 +18,14 @@ from collections.abc import Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from radio_lit.cache.batch import collate_views
-from radio_lit.cache.manifest import VAL_FILE, Manifest, check_run
+from radio_lit.cache.manifest import VAL_FILE, Manifest, check_run, epoch_order
 from radio_lit.cache.shards import ShardReader
 from radio_lit.data.datamodule import ImageDataModule
 from radio_lit.data.resumable import SeededSampler
@@ -50,18 +51,21 @@ class CachedDataset(Dataset[Mapping[str, Tensor]]):
             "(it keeps the finished shards)"
         )
         self.reader = ShardReader(Path(folder), shards, fix)
+        self._positions: dict[int, Tensor] = {}  # view -> each item's place in its epoch
 
     def __len__(self) -> int:
         return self.manifest.num_items
 
     def __getitem__(self, key: tuple[int, int]) -> Mapping[str, Tensor]:
         index, view = key
-        if not (0 <= index < self.manifest.num_items and 0 <= view < self.manifest.views):
+        count = self.manifest.num_items
+        if not (0 <= index < count and 0 <= view < self.manifest.views):
             raise IndexError(f"no cached view {view} of item {index}")
-        shard, position = divmod(
-            view * self.manifest.num_items + index, self.manifest.samples_per_shard
-        )
-        return self.reader.read(shard, position)
+        if view not in self._positions:
+            order = torch.tensor(epoch_order(count, int(self.manifest.data["seed"]), view))
+            self._positions[view] = torch.argsort(order)
+        sample = view * count + int(self._positions[view][index])
+        return self.reader.read(*divmod(sample, self.manifest.samples_per_shard))
 
 
 class CachedValidation(Dataset[Mapping[str, Tensor]]):

@@ -8,8 +8,11 @@ image, the storage dtype and layout, and a hash of all of it. A run that reads t
 (:func:`check_run`): a missing teacher, another teacher, or a student resolution whose
 teacher views were not cached is refused with one line naming the difference.
 
-Samples are numbered ``n = view * num_items + index`` (all images' view 0 first) and shard
-``j`` holds samples ``[j K, (j + 1) K)``, ``K = samples_per_shard``.
+Samples are numbered ``n = view * num_items + p``, ``p`` the item's position in the one-rank
+training order of epoch ``view`` (:func:`epoch_order`; all views 0 first), and shard ``j``
+holds samples ``[j K, (j + 1) K)``, ``K = samples_per_shard``: consecutive samples are the
+live run's batches, in which the writer runs the teachers (a teacher's output for an image
+can differ in the last bit with its row in the batch, on CPU as on GPU).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radio_lit.data.resumable import SeededSampler
 from radio_lit.partitions import PartitionPlan
 from radio_lit.teachers import Teacher
 
@@ -33,6 +37,7 @@ __all__ = [
     "DTYPES",
     "Manifest",
     "check_run",
+    "epoch_order",
     "teacher_signature",
     "view_sizes",
 ]
@@ -49,6 +54,14 @@ DTYPES: dict[str, torch.dtype] = {
 FORMAT = 2
 #: File of the validation views (all of them, in ``val_dir`` order), beside the shards.
 VAL_FILE = "val.safetensors"
+
+
+def epoch_order(num_items: int, seed: int, epoch: int) -> list[int]:
+    """The item indices in the order a one-rank run of data seed ``seed`` visits them in
+    epoch ``epoch`` (:class:`~radio_lit.data.resumable.SeededSampler`)."""
+    sampler = SeededSampler(range(num_items), num_replicas=1, rank=0, seed=seed)
+    sampler.set_epoch(epoch)
+    return [index for index, _ in sampler]
 
 
 def weights_digest(module: nn.Module) -> str:

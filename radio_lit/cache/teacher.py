@@ -39,8 +39,7 @@ class CachedTeacher(Teacher):
         manifest = Manifest.load(path)
         if name not in manifest.teachers:
             raise ValueError(
-                f"the cache {path} has no teacher {name} (it holds "
-                f"{', '.join(manifest.teachers)})"
+                f"the cache {path} has no teacher {name} (it holds {', '.join(manifest.teachers)})"
             )
         signature = dict(manifest.teachers[name]["signature"])
         super().__init__(
@@ -85,7 +84,9 @@ def _difference(cached: Any, run: Any, path: str = "") -> str | None:
     return None
 
 
-def check_teacher_configs(manifest: Manifest, folder: str | Path, teachers: Mapping[str, Any]) -> None:
+def check_teacher_configs(
+    manifest: Manifest, folder: str | Path, teachers: Mapping[str, Any]
+) -> None:
     """Refuse, with one line naming the first difference, teachers (``model.teachers`` of a
     parsed config) that are not those the cache was written with."""
     fix = "write a cache for this run with radio-lit cache --config RUN.yaml --out NEW_DIR"
@@ -107,6 +108,9 @@ def cached_teacher_configs(folder: str, teachers: Mapping[str, Any]) -> dict[str
     :class:`CachedTeacher`."""
     check_teacher_configs(Manifest.load(folder), folder, teachers)
     return {
-        name: {"class_path": f"{__name__}.CachedTeacher", "init_args": {"path": folder, "name": name}}
+        name: {
+            "class_path": f"{__name__}.CachedTeacher",
+            "init_args": {"path": folder, "name": name},
+        }
         for name in teachers
     }

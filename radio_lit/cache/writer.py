@@ -9,7 +9,8 @@ the writer draws the crop exactly as training draws item ``i`` in epoch ``v`` (t
 transform under the seed ``(seed, v, i)``, :mod:`radio_lit.data.resumable`), and runs every
 teacher on it at every view size the run can show it (its native resolution, or one per
 student resolution of its partitions if it follows the student), with the step's own code
-(:func:`~radio_lit.step.run_teachers`). Stored per view: the crop (uint8, what the
+(:func:`~radio_lit.step.run_teachers`), on the very batches a one-rank run of the config
+forms in epoch ``v`` (same images, same rows). Stored per view: the crop (uint8, what the
 student's view is made from) and each teacher's summary and features on its own grid, before
 normalization, in ``--dtype``. The validation images of the run's ``val_dir`` (their fixed
 center crops, in the validation loader's batches) are stored the same way, in one file, so a
@@ -44,7 +45,14 @@ from tqdm import tqdm
 from webdataset import TarWriter
 
 from radio_lit.cache.batch import output_key
-from radio_lit.cache.manifest import DTYPES, VAL_FILE, Manifest, teacher_signature, view_sizes
+from radio_lit.cache.manifest import (
+    DTYPES,
+    VAL_FILE,
+    Manifest,
+    epoch_order,
+    teacher_signature,
+    view_sizes,
+)
 from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
@@ -264,10 +272,18 @@ def write_cache(
     recorder = _Recorder(module, batch, _device(device), DTYPES[dtype], precision)
     num_items = len(dataset)
 
+    orders: dict[int, list[int]] = {}
+
+    def item(n: int) -> tuple[int, int]:
+        """``(index, view)`` of sample ``n`` (the item at its place in its epoch's order)."""
+        view, position = divmod(n, num_items)
+        if view not in orders:
+            orders[view] = epoch_order(num_items, seed, view)
+        return orders[view][position], view
+
     def crops(samples: Sequence[int]) -> Tensor:
         items = []
-        for n in samples:
-            view, index = divmod(n, num_items)
+        for index, view in map(item, samples):
             with seeded(sample_seed(seed, view, index)):  # as SeededSampler + SeededItems draw
                 items.append(dataset[index])
         return torch.stack(items)
@@ -298,7 +314,7 @@ def write_cache(
         },
         views=views,
         dtype=dtype,
-        samples_per_shard=samples_per_shard or max(1, min(10000, SHARD_BYTES // sample_bytes)),
+        samples_per_shard=samples_per_shard or _shard_samples(sample_bytes, batch),
         sample_bytes=sample_bytes,
         bytes_per_view={
             "pixels": probe["pixels"].nbytes,
@@ -344,7 +360,7 @@ def write_cache(
                 out,
                 shard,
                 _samples(
-                    manifest.shard_samples(shard), batch, crops, recorder, num_items, progress
+                    manifest.shard_samples(shard), batch, num_items, crops, item, recorder, progress
                 ),
             )
     return manifest
@@ -362,26 +378,41 @@ def _write_val(path: Path, batches: list[Tensor], recorder: _Recorder) -> None:
     """The validation views, every teacher on each validation batch as the validation step
     runs it (the whole batch at once), stacked into one safetensors file; in float32
     whatever the cache's dtype, so validation measures against the teachers' own numbers."""
-    views = [
-        view for batch in batches for view in recorder(batch, len(batch), torch.float32)
-    ]
+    views = [view for batch in batches for view in recorder(batch, len(batch), torch.float32)]
     tensors = {key: torch.stack([view[key] for view in views]) for key in views[0]}
     partial = path.with_name(path.name + ".partial")
     save_file(tensors, str(partial))
     partial.replace(path)
 
 
+def _shard_samples(sample_bytes: int, batch: int) -> int:
+    """Samples per shard: about :data:`SHARD_BYTES`, whole training batches."""
+    return max(1, min(10000, SHARD_BYTES // sample_bytes) // batch) * batch
+
+
 def _samples(
-    numbers: range, batch: int, crops: Any, recorder: _Recorder, num_items: int, progress: tqdm
+    numbers: range,
+    batch: int,
+    num_items: int,
+    crops: Any,
+    item: Any,
+    recorder: _Recorder,
+    progress: tqdm,
 ) -> Iterator[tuple[str, bytes]]:
-    """``(key, safetensors bytes)`` of the samples ``numbers``, the teachers run ``batch`` at
-    a time."""
-    for start in range(0, len(numbers), batch):
-        chunk = numbers[start : start + batch]
-        for n, tensors in zip(chunk, recorder(crops(chunk)), strict=True):
-            view, index = divmod(n, num_items)
-            yield sample_key(index, view), save_safetensors(tensors)
-        progress.update(len(chunk))
+    """``(key, safetensors bytes)`` of the samples ``numbers``, the teachers run on the live
+    run's batches: the ``batch`` consecutive places of an epoch's order, each image in its
+    row (a batch cut by the shard's edge is run whole)."""
+    n = numbers.start
+    while n < numbers.stop:
+        view, position = divmod(n, num_items)
+        first = view * num_items + position // batch * batch
+        whole = range(first, min(first + batch, (view + 1) * num_items))
+        for m, tensors in zip(whole, recorder(crops(whole)), strict=True):
+            if m in numbers:
+                index, _ = item(m)
+                yield sample_key(index, view), save_safetensors(tensors)
+        progress.update(min(whole.stop, numbers.stop) - n)
+        n = whole.stop
 
 
 def _check_existing(manifest: Manifest, out: Path) -> None:

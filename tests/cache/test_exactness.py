@@ -135,3 +135,47 @@ def test_a_run_from_the_cache_resumes_exactly(tmp_path: Path) -> None:
 
     assert len(first) == 3 and len(rest) == 1
     assert torch.equal(torch.stack(first + rest), torch.stack(whole))
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    """Two intra-op threads: a batch's rows are then split between them, and an image's
+    outputs can round differently in another row (the ablation base's SigLIP-like summary)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_every_cached_batch_holds_what_the_live_teachers_return(
+    tmp_path: Path, two_threads: None
+) -> None:
+    """Over a whole epoch of the ablation base, the cache holds bit for bit what the teachers
+    return on the live run's batches: the writer runs them on those batches, each image in
+    its row."""
+    from radio_lit.cache.writer import _build_run
+    from radio_lit.data.views import as_float_images
+    from radio_lit.step import run_teachers
+
+    base = Path(__file__).resolve().parents[2] / "configs" / "ablations" / "base.yaml"
+    run = _build_run(["--config", str(base), "--data.init_args.repeats", "16"])  # 20 batches
+    module, data = run.model, run.datamodule
+    write_cache(module, data, run.config.as_dict(), tmp_path, views=1)
+    data.setup("fit")
+    cached = CachedViews(str(tmp_path))
+    cached.setup("fit")
+    grid = (4, 4)  # the base's 64 px student, patch 16
+    batches = 0
+    for live, batch in zip(data.train_dataloader(), cached.train_dataloader(), strict=True):
+        assert torch.equal(live, batch.pixels)
+        sizes = {name: module.teachers[name].view_size(grid) for name in module.teachers}
+        recorded = batch.teacher_outputs(slice(None), list(sizes), sizes)
+        for name, out in run_teachers(
+            module.teachers, as_float_images(live), list(sizes), grid
+        ).items():
+            assert torch.equal(out.features, recorded[name].features), (batches, name)
+            if out.summary is not None:
+                assert torch.equal(out.summary, recorded[name].summary), (batches, name)
+        batches += 1
+    assert batches == 20
