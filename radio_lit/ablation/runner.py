@@ -446,19 +446,20 @@ def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:
 
 
 def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Each metric's mean over a row's seeds."""
-    tags = {tag for run in runs for tag in run["metrics"]}
+    """Each metric's mean over a row's seeds (tags in the order the runs logged them, so the
+    tables keep the config's teacher order)."""
+    tags = dict.fromkeys(tag for run in runs for tag in run["metrics"])
     return {
         tag: statistics.fmean(run["metrics"][tag] for run in runs if tag in run["metrics"])
-        for tag in sorted(tags)
+        for tag in tags
     }
 
 
 def _std_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Each metric's sample standard deviation over a row's seeds (0 for a single seed)."""
-    tags = {tag for run in runs for tag in run["metrics"]}
+    tags = dict.fromkeys(tag for run in runs for tag in run["metrics"])
     spreads = {}
-    for tag in sorted(tags):
+    for tag in tags:
         values = [run["metrics"][tag] for run in runs if tag in run["metrics"]]
         spreads[tag] = statistics.stdev(values) if len(values) > 1 else 0.0
     return spreads

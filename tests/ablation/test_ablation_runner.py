@@ -113,6 +113,8 @@ def test_ablate_two_rows_end_to_end_through_the_cli(tmp_path, capsys):
     )
     for table in ("teacher_mse", "fidelity", "error_variance_range", "ranks"):
         assert "| PHI-S |" in (out / f"{table}.md").read_text()
+    # the config's teacher order (DFN CLIP, SigLIP, DINOv2, SAM), as in the paper's tables
+    assert "| Method | dfn_clip | siglip | dino_v2 | sam | GeoMean |" in done
     assert "### Fidelity" in done
     for slug in ("mse", "phi-s"):
         assert list((out / "tensorboard" / slug).glob("events.out.tfevents.*"))
