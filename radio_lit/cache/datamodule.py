@@ -134,6 +134,7 @@ class CachedViews(ImageDataModule):
         self.path = path
         self.manifest = manifest
         self.train_data = CachedDataset(path, manifest)  # refuses missing or truncated shards
+        self.val_data = CachedValidation(path, manifest) if manifest.val_items else None
 
     def setup(self, stage: str) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -154,7 +155,8 @@ class CachedViews(ImageDataModule):
         return self.train_data
 
     def build_val_dataset(self) -> CachedValidation:
-        return CachedValidation(self.path, self.manifest)
+        assert self.val_data is not None  # val_dir is set only when the cache has views of it
+        return self.val_data
 
     def train_sampler(self, dataset: Sized, num_replicas: int, rank: int) -> SeededSampler:
         return ViewSampler(dataset, num_replicas, rank, self.seed, self.manifest.views)

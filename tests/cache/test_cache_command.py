@@ -236,6 +236,11 @@ def test_bad_caches_give_one_line(
     )
 
     shutil.copy(cache / "shard-000002.tar", copy / "shard-000002.tar")
+    (copy / "val.safetensors").unlink()
+    status, error = _run(fit, capsys)
+    assert status == 2 and "val.safetensors are missing" in error
+
+    shutil.copy(cache / "val.safetensors", copy / "val.safetensors")
     with (copy / "shard-000004.tar").open("r+b") as shard:
         shard.truncate(5000)
     status, error = _run(fit, capsys)
