@@ -17,7 +17,7 @@ import re
 import sys
 import traceback
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -249,3 +249,11 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         known = [o for a in self._actions for o in a.option_strings]
         raise ConfigError(f"{self.prog}: {with_suggestions(message, known)}")
+
+    def parse_with_overrides(self, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+        """The command's own options, and the rest: ``--section.key value`` config overrides
+        passed on to the run (anything else is refused)."""
+        args, overrides = self.parse_known_args(list(argv))
+        if overrides and not overrides[0].startswith("--"):
+            self.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+        return args, overrides

@@ -115,9 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> None:
     """Entry point of ``radio-lit ablate``; exits with status 1 if a row failed."""
     parser = _parser()
-    args, overrides = parser.parse_known_args(list(argv))
-    if overrides and not overrides[0].startswith("--"):
-        parser.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+    args, overrides = parser.parse_with_overrides(argv)
     if not args.base.is_file():
         parser.error(f"--base {args.base}: no such config file")
     try:

@@ -25,7 +25,6 @@ Several processes write disjoint shards: ``--shard-index i --num-shards k`` (sha
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import shutil
@@ -56,6 +55,7 @@ from radio_lit.cache.manifest import (
 from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
+from radio_lit.errors import CommandParser
 from radio_lit.step import run_teachers
 
 __all__ = ["main", "write_cache"]
@@ -66,13 +66,12 @@ SHARD_BYTES = 256 * 2**20
 _TAR_END = 10240
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> CommandParser:
+    parser = CommandParser(
         prog="radio-lit cache",
         description="Run a config's teachers over its training data once and store the views "
         "(crops and teacher outputs) for radio-lit fit with data: radio_lit.cache.CachedViews. "
         "Any other --section.key value option is applied to the config, as for radio-lit fit.",
-        allow_abbrev=False,
     )
     parser.add_argument("--config", action="append", required=True, help="the run's config(s)")
     parser.add_argument("--out", type=Path, required=True, help="the cache folder")
@@ -94,9 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> None:
     """Entry point of ``radio-lit cache``."""
     parser = _parser()
-    args, overrides = parser.parse_known_args(list(argv))
-    if overrides and not overrides[0].startswith("--"):
-        parser.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+    args, overrides = parser.parse_with_overrides(argv)
     if args.views != "epochs" and not (args.views.isdigit() and int(args.views) >= 1):
         parser.error(f"--views must be a positive integer or 'epochs', got {args.views!r}")
     if not 0 <= args.shard_index < args.num_shards:

@@ -283,3 +283,17 @@ def test_full_disk_refused_before_writing(
     assert status == 2
     assert "KiB for the cache but its disk has 1000 B free: free some space" in error
     assert not list(tmp_path.glob("shard-*"))
+
+
+def test_bad_options_give_one_line(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, _ = written
+    base = ["cache", "--config", str(config), "--out", str(tmp_path)]
+    status, error = _run([*base, "--views", "zero"], capsys)
+    assert status == 2 and "--views must be a positive integer or 'epochs', got 'zero'" in error
+    status, error = _run([*base, "stray"], capsys)
+    assert status == 2 and "unexpected argument 'stray'" in error
+    status, error = _run([*base, "--view", "2"], capsys)  # never taken for --views
+    assert status == 2 and "Unrecognized arguments: --view 2" in error
+    assert not list(tmp_path.iterdir())  # nothing written
