@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from radio_lit.cli import main
 from radio_lit.export import inference_model, load, save_onnx
 from radio_lit.export.onnx import output_names
 from radio_lit.normalizers import Identity
 from radio_lit.students import ERadio, TeacherHeads
-from tests.export.tiny_export import STUDENT, TEACHERS
+from tests.export.tiny_export import saved_run
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -42,18 +41,7 @@ def test_export_onnx_subcommand_matches_radio_lit_load_at_two_resolutions(
     trained, exported: Path, tmp_path: Path, capsys
 ) -> None:
     run = tmp_path / "version_0"
-    (run / "checkpoints").mkdir(parents=True)
-    checkpoint = run / "checkpoints" / "last.ckpt"
-    torch.save({"state_dict": trained.state_dict()}, checkpoint)
-    config = {
-        "model": {
-            "student": STUDENT,
-            "teachers": TEACHERS,
-            "student_resolution": 64,
-            "normalizer": {"class_path": "radio_lit.normalizers.PhiS"},
-        }
-    }
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    checkpoint = saved_run(trained, run)
 
     main(["export", str(checkpoint), "--format", "onnx"])
 

@@ -20,7 +20,7 @@ from tests.export.radio_reference import (
     expected_shapes,
     reference_forward,
 )
-from tests.export.tiny_export import STUDENT, TEACHERS, own_outputs
+from tests.export.tiny_export import STUDENT, TEACHERS, own_outputs, saved_run
 
 RESOLUTIONS = [(64, 64), (48, 80), (272, 272)]  # training size, non-square, beyond the grid
 
@@ -141,18 +141,7 @@ def test_radio_format_refuses_a_student_it_cannot_express(trained, tmp_path: Pat
 def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) -> None:
     """``radio-lit export <run>/checkpoints/last.ckpt`` finds the run's config.yaml."""
     run = tmp_path / "version_0"
-    (run / "checkpoints").mkdir(parents=True)
-    checkpoint = run / "checkpoints" / "last.ckpt"
-    torch.save({"state_dict": trained.state_dict()}, checkpoint)
-    config = {
-        "model": {
-            "student": STUDENT,
-            "teachers": TEACHERS,
-            "student_resolution": 64,
-            "normalizer": {"class_path": "radio_lit.normalizers.PhiS"},
-        }
-    }
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    checkpoint = saved_run(trained, run)
 
     main(["export", str(checkpoint)])
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import torch
+import yaml
 
 from radio_lit.data.views import normalize_view
 from tests.teachers.tiny import tiny_teacher_configs
@@ -21,6 +24,18 @@ STUDENT = {
     },
 }
 TEACHERS = tiny_teacher_configs(sam_resolution=64)
+
+
+def saved_run(module: pl.LightningModule, folder: Path) -> Path:
+    """``module`` saved as a radio-lit fit run would leave it: ``folder/checkpoints/last.ckpt``
+    (returned) beside the run's ``config.yaml`` (PhiS normalizers, student at 64 px)."""
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    torch.save({"state_dict": module.state_dict()}, checkpoint)
+    model = {"student": STUDENT, "teachers": TEACHERS, "student_resolution": 64}
+    model["normalizer"] = {"class_path": "radio_lit.normalizers.PhiS"}
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": model}))
+    return checkpoint
 
 
 def own_outputs(module: pl.LightningModule, images: torch.Tensor) -> dict[str, tuple]:
