@@ -12,6 +12,7 @@ runner writes ``OUT/results.csv`` (rows x metrics) and one markdown table per pa
     radio-lit ablate --rows MSE PHI-S --trainer.max_steps 100
     radio-lit ablate --base configs/stage1.yaml --out runs/phi-s-ablations   # real scale
     radio-lit ablate --cache runs/ablations-cache --seeds 3   # teachers once, 3 seeds per row
+    radio-lit ablate --jobs 2                          # two rows at once
 
 ``--cache DIR`` runs the teachers once for all rows: ``radio-lit cache --views epochs`` writes
 the base's views to ``DIR`` (kept, and reused by later ablations with the same base), and
@@ -25,43 +26,39 @@ the same for every seed. A run from the cache does not build its teachers
 random-weight teachers, all rows train against those the cache was written with (the
 base seed's).
 
-The rows' processes are forked from a ``multiprocessing`` fork server that has imported torch,
-Lightning and radio-lit once (it computes nothing, so forking it is safe): a row costs a fork,
-not the seconds of imports a fresh interpreter pays. A row's process runs
-``radio_lit.cli.main`` with ``sys.argv`` set to the ``radio-lit fit`` command it stands for, so
-Lightning's launcher starts the other ranks of a multi-device base with that command.
+Rows run one at a time by default. ``--jobs N`` runs N at once, each on its share of the
+machine (:mod:`radio_lit.ablation.processes`: cores as torch threads, a block of the GPUs),
+and writes the cache with N processes on disjoint shards. Small rows do not use a second core
+(their kernels are too short to split), so on a 2-core CPU two rows at once take about the
+time of one; rows and cache must share ``--jobs`` for a cached row to be bit-identical to its
+live one.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import multiprocessing
 import os
-import shutil
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from radio_lit.ablation.final_validation import write_json
+from radio_lit.ablation.processes import Command, Slot, job_slots, start, visible_gpus
+from radio_lit.ablation.progress import Progress, RowState, clock
 from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
 from radio_lit.errors import CommandParser
 
 __all__ = ["main", "run_ablation"]
 
-#: Seconds between two progress lines of a running row.
+#: Seconds between two progress reports of the running rows.
 REPORT_EVERY = 20.0
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}:{secs:02d}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
         "trains from it",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="rows trained at once, each on cores/jobs torch threads and its own GPUs if any; "
+        "the cache is written by as many processes (default 1)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("runs") / "ablations",
@@ -125,67 +129,13 @@ def main(argv: Sequence[str]) -> None:
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
     try:
-        failed = run_ablation(rows, args.base, overrides, args.out, args.seeds, args.cache)
+        gpus = visible_gpus() if args.jobs > 1 else []
+        slots = job_slots(args.jobs, len(os.sched_getaffinity(0)), gpus)
+        failed = run_ablation(rows, args.base, overrides, args.out, args.seeds, args.cache, slots)
     except ValueError as err:
         parser.error(str(err))
     if failed:
         sys.exit(1)
-
-
-#: Imported once by the rows' fork server (a module that is not installed is skipped).
-PRELOAD = [
-    "torch",
-    "lightning.pytorch",
-    "open_clip",
-    "timm",
-    "segment_anything",
-    "radio_lit.cli",
-    "radio_lit.module",
-    "radio_lit.teachers",
-    "radio_lit.callbacks",
-    "radio_lit.ablation",
-    "radio_lit.cache.writer",
-]
-
-
-@dataclass
-class Command:
-    """What a row's process runs: ``function(args)`` (``"module:function"``), the function of
-    the ``radio-lit`` command ``args`` (e.g. ``radio_lit.cli:main`` for ``fit …``)."""
-
-    function: str
-    args: list[str]
-
-
-def _launcher() -> str:
-    """The ``radio-lit`` executable Lightning's launcher restarts a row's other ranks with."""
-    found = shutil.which("radio-lit")
-    return found if found is not None else os.path.abspath(sys.argv[0])
-
-
-def _process_main(command: Command, log_path: str, launcher: str) -> None:
-    """A row's process: its output to ``log_path``, then ``command`` as ``radio-lit``; the
-    processes it starts import this radio_lit first."""
-    multiprocessing.set_start_method(None, force=True)  # its DataLoader workers: the default
-    root = str(Path(__file__).resolve().parents[2])
-    paths = (root, os.environ.get("PYTHONPATH"))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    for fd in (1, 2):
-        os.dup2(log, fd)
-    os.close(log)
-    sys.argv = [launcher, *command.args]
-    module, name = command.function.split(":")
-    getattr(importlib.import_module(module), name)(command.args)
-
-
-def _start(command: Command, log_path: Path) -> Any:
-    """Fork ``command`` from the fork server; returns the started process."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    process = context.Process(target=_process_main, args=(command, str(log_path), _launcher()))
-    process.start()
-    return process
 
 
 def _seed_overrides(seed: int) -> list[str]:
@@ -193,21 +143,42 @@ def _seed_overrides(seed: int) -> list[str]:
     return [] if seed == 0 else ["--seed_everything", str(seed)]
 
 
-def _write_cache(base: Path, overrides: list[str], folder: Path, out: Path) -> None:
-    """``radio-lit cache`` for the base (the rows share its teachers and data)."""
-    log_path = out / "logs" / "cache.log"
+def _write_cache(
+    base: Path, overrides: list[str], folder: Path, out: Path, slots: list[Slot]
+) -> None:
+    """``radio-lit cache`` for the base (the rows share its teachers and data), one process per
+    slot, each writing its own shards."""
     args = ["cache", "--config", str(base), *overrides]
-    args += ["--out", str(folder), "--views", "epochs"]
-    start = time.monotonic()
+    args += ["--out", str(folder), "--views", "epochs", "--num-shards", str(len(slots))]
+    begin = time.monotonic()
     print(f"cache: writing the teachers' outputs to {folder}", flush=True)
-    process = _start(Command("radio_lit.cli:main", args), log_path)
-    process.join()
-    status = process.exitcode
-    if status != 0:
-        raise ValueError(
-            f"radio-lit cache failed (exit {status}), see {log_path}:\n{_tail(log_path)}"
-        )
-    print(f"cache: ready in {_clock(time.monotonic() - start)}", flush=True)
+    logs = [
+        out / "logs" / ("cache.log" if len(slots) == 1 else f"cache-{k}.log")
+        for k in range(len(slots))
+    ]
+    processes = [
+        start(Command("radio_lit.cli:main", [*args, "--shard-index", str(k)]), log, slot)
+        for k, (slot, log) in enumerate(zip(slots, logs, strict=True))
+    ]
+    try:
+        for process in processes:
+            process.join()
+    except BaseException:
+        _stop(processes)
+        raise
+    for process, log in zip(processes, logs, strict=True):
+        if process.exitcode != 0:
+            raise ValueError(
+                f"radio-lit cache failed (exit {process.exitcode}), see {log}:\n{_tail(log)}"
+            )
+    print(f"cache: ready in {clock(time.monotonic() - begin)}", flush=True)
+
+
+def _stop(processes: Sequence[Any]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join()
 
 
 def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Command:
@@ -229,61 +200,6 @@ def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Comma
     return Command("radio_lit.cli:main", args)
 
 
-class _Progress:
-    """Row i of n, steps, elapsed and time left.
-
-    The time left comes from measured time per step: the finished rows' wall time (start-up
-    and final validation included) over their steps, times the steps still to run in this
-    row and the rows after it. Before any row has finished, the running row's own rate since
-    its first reported step is used, plus its start-up time for each row after it.
-    """
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.start = time.monotonic()
-        self.finished: list[tuple[float, int]] = []  # (seconds, steps) of the finished rows
-        self._first: tuple[float, int] | None = None  # (time, step) first seen in this row
-
-    def row_done(self, seconds: float, steps: int) -> None:
-        self.finished.append((seconds, steps))
-        self._first = None
-
-    def seconds_left(
-        self, index: int, row_elapsed: float, step: int, max_steps: int, now: float
-    ) -> float | None:
-        """Estimated seconds until the last row is done, ``None`` before anything is known."""
-        rows_after = self.total - index
-        if self.finished:
-            per_step = sum(s for s, _ in self.finished) / max(sum(n for _, n in self.finished), 1)
-            steps = max_steps if max_steps > 0 else self.finished[-1][1]
-            this_row = max(per_step * steps - row_elapsed, 0.0)
-            return this_row + per_step * steps * rows_after
-        if step <= 0 or max_steps <= 0:
-            return None
-        if self._first is None or step < self._first[1]:
-            self._first = (now, step)
-            return None
-        first_time, first_step = self._first
-        if step == first_step:
-            return None
-        per_step = (now - first_time) / (step - first_step)
-        start_up = max(row_elapsed - (now - first_time) - per_step * first_step, 0.0)
-        return per_step * (max_steps - step) + (start_up + per_step * max_steps) * rows_after
-
-    def line(self, index: int, row: Row, row_start: float, step: int, max_steps: int) -> str:
-        now = time.monotonic()
-        row_elapsed = now - row_start
-        steps = f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"
-        left = self.seconds_left(index, row_elapsed, step, max_steps, now)
-        estimate = "time left not known yet" if left is None else f"about {_clock(left)} left"
-        if left is not None and left == 0.0:
-            estimate = "finishing"
-        return (
-            f"[{index}/{self.total}] {row.name}: {steps}, {_clock(row_elapsed)} in this row, "
-            f"{_clock(now - self.start)} elapsed, {estimate}"
-        )
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -296,39 +212,6 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text[-lines:])
 
 
-def _run_row(row: Row, index: int, command: Command, out: Path, progress: _Progress) -> int:
-    """Run one row's fit, printing progress; returns its exit status."""
-    progress_file = out / "rows" / f"{row.slug}.progress.json"
-    for stale in (progress_file, out / "rows" / f"{row.slug}.metrics.json"):
-        stale.unlink(missing_ok=True)
-    log_dir = out / "tensorboard" / row.slug
-    if log_dir.is_dir():  # a failed earlier attempt: start its logs afresh
-        for event_file in log_dir.glob("events.out.tfevents.*"):
-            event_file.unlink()
-    log_path = out / "logs" / f"{row.slug}.log"
-    row_start = time.monotonic()
-    print(progress.line(index, row, row_start, 0, 0), flush=True)
-    process = _start(command, log_path)
-    last_report = row_start
-    try:
-        while process.is_alive():
-            process.join(0.5)
-            if time.monotonic() - last_report >= REPORT_EVERY:
-                state = _read_json(progress_file) or {}
-                print(
-                    progress.line(
-                        index, row, row_start, state.get("step", 0), state.get("max_steps", 0)
-                    ),
-                    flush=True,
-                )
-                last_report = time.monotonic()
-    except BaseException:
-        process.terminate()
-        process.join()
-        raise
-    return process.exitcode
-
-
 def run_ablation(
     rows: list[Row],
     base: Path,
@@ -336,9 +219,11 @@ def run_ablation(
     out: Path,
     seeds: int = 1,
     cache: Path | None = None,
+    slots: list[Slot] | None = None,
 ) -> list[str]:
     """Run the rows (each with ``seeds`` seeds; from the cache ``cache`` if given) not yet
-    finished in ``out``, then write and print the tables.
+    finished in ``out``, as many at once as there are ``slots`` (default: one, on the whole
+    machine), then write and print the tables.
 
     Returns:
         the names of the rows that failed.
@@ -347,6 +232,7 @@ def run_ablation(
         ValueError: if ``out`` holds rows run with another base config or other overrides
             (their numbers would not be comparable).
     """
+    slots = slots or [Slot()]
     for folder in ("rows", "logs", "tensorboard"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     setup = {"base": str(base.resolve()), "overrides": list(overrides)}
@@ -368,27 +254,24 @@ def run_ablation(
         if row.slug in finished:
             print(f"{row.name}: already done in {out / 'rows' / row.slug}.json, skipped")
     if cache is not None and todo:
-        _write_cache(base, overrides, cache, out)
-
-    progress = _Progress(len(todo))
+        _write_cache(base, overrides, cache, out, slots)
+    data = (
+        []
+        if cache is None
+        else ["--data", "radio_lit.cache.CachedViews", "--data.path", str(cache)]
+    )
+    commands = [
+        _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
+        for row, seed in todo
+    ]
+    results = _RowRunner(todo, commands, out, slots).run()
     failed = []
-    for index, (row, seed) in enumerate(todo, start=1):
-        row_start = time.monotonic()
-        data = []
-        if cache is not None:
-            data = ["--data", "radio_lit.cache.CachedViews", "--data.path", str(cache)]
-        command = _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
-        status = _run_row(row, index, command, out, progress)
+    for (row, seed), (status, seconds) in zip(todo, results, strict=True):
         metrics = _read_json(out / "rows" / f"{row.slug}.metrics.json")
-        seconds = time.monotonic() - row_start
-        log_path = out / "logs" / f"{row.slug}.log"
         if status != 0 or metrics is None:
             failed.append(row.name)
-            print(f"[{index}/{len(todo)}] {row.name} FAILED (exit {status}), see {log_path}:")
-            print(_tail(log_path), flush=True)
             continue
-        progress.row_done(seconds, int(metrics["step"]))
-        result = {
+        finished[row.slug] = {
             "row": row.name,
             "seed": seed,
             "setup": setup,
@@ -397,16 +280,105 @@ def run_ablation(
             "step": metrics["step"],
             "metrics": metrics["metrics"],
         }
-        write_json(out / "rows" / f"{row.slug}.json", result)
-        finished[row.slug] = result
-        print(
-            f"[{index}/{len(todo)}] {row.name}: done, {metrics['step']} steps in {_clock(seconds)}",
-            flush=True,
-        )
+        write_json(out / "rows" / f"{row.slug}.json", finished[row.slug])
     _write_tables(finished, out)
     if failed:
         print(f"failed rows: {', '.join(failed)}", flush=True)
     return failed
+
+
+@dataclass
+class _Running:
+    """A row's process and what its progress lines show."""
+
+    number: int  # its place in the runner's list
+    process: Any
+    state: RowState
+
+
+class _RowRunner:
+    """Runs the rows' fits ``len(slots)`` at a time, each on a free slot, printing when each
+    starts and ends and, every :data:`REPORT_EVERY` seconds, each running row's step and the
+    time left."""
+
+    def __init__(
+        self, rows: list[tuple[Row, int]], commands: list[Command], out: Path, slots: list[Slot]
+    ) -> None:
+        self.rows = [row for row, _ in rows]
+        self.commands = commands
+        self.out = out
+        self.slots = slots
+        self.progress = Progress(len(rows), len(slots))
+        self.results: list[tuple[int | None, float]] = [(None, 0.0)] * len(rows)
+
+    def run(self) -> list[tuple[int | None, float]]:
+        """Each row's ``(exit status, seconds)``, in the rows' order."""
+        waiting = list(range(len(self.rows)))
+        running: dict[int, _Running] = {}  # slot number -> its row
+        last_report = time.monotonic()
+        try:
+            while waiting or running:
+                for slot, resources in enumerate(self.slots):
+                    if slot not in running and waiting:
+                        running[slot] = self._start(waiting.pop(0), resources, running, waiting)
+                wait([r.process.sentinel for r in running.values()], timeout=0.5)
+                for slot, job in list(running.items()):
+                    if job.process.exitcode is not None:
+                        del running[slot]
+                        self._finish(job)
+                if time.monotonic() - last_report >= REPORT_EVERY:
+                    self._report(list(running.values()), len(waiting))
+                    last_report = time.monotonic()
+        except BaseException:
+            _stop([job.process for job in running.values()])
+            raise
+        return self.results
+
+    def _start(
+        self, number: int, slot: Slot, running: dict[int, _Running], waiting: list[int]
+    ) -> _Running:
+        row = self.rows[number]
+        rows_dir = self.out / "rows"
+        for stale in (
+            rows_dir / f"{row.slug}.progress.json",
+            rows_dir / f"{row.slug}.metrics.json",
+        ):
+            stale.unlink(missing_ok=True)
+        log_dir = self.out / "tensorboard" / row.slug
+        if log_dir.is_dir():  # a failed earlier attempt: start its logs afresh
+            for event_file in log_dir.glob("events.out.tfevents.*"):
+                event_file.unlink()
+        state = RowState(row.name, number + 1, time.monotonic())
+        states = [job.state for job in running.values()] + [state]
+        print(self.progress.line(state, states, len(waiting)), flush=True)
+        process = start(self.commands[number], self._log(number), slot)
+        return _Running(number, process, state)
+
+    def _log(self, number: int) -> Path:
+        return self.out / "logs" / f"{self.rows[number].slug}.log"
+
+    def _finish(self, job: _Running) -> None:
+        row, state = self.rows[job.number], job.state
+        seconds = time.monotonic() - state.start
+        status = job.process.exitcode
+        self.results[job.number] = (status, seconds)
+        metrics = _read_json(self.out / "rows" / f"{row.slug}.metrics.json")
+        head = f"[{state.index}/{self.progress.total}] {row.name}"
+        if status != 0 or metrics is None:
+            print(f"{head} FAILED (exit {status}), see {self._log(job.number)}:")
+            print(_tail(self._log(job.number)), flush=True)
+            return
+        self.progress.row_done(state.index, seconds, int(metrics["step"]))
+        print(f"{head}: done, {metrics['step']} steps in {clock(seconds)}", flush=True)
+
+    def _report(self, running: list[_Running], waiting: int) -> None:
+        for job in running:
+            report = _read_json(self.out / "rows" / f"{self.rows[job.number].slug}.progress.json")
+            job.state.step = (report or {}).get("step", 0)
+            job.state.max_steps = (report or {}).get("max_steps", 0)
+        states = [job.state for job in running]
+        for state in states:
+            print(self.progress.line(state, states, waiting), flush=True)
 
 
 def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:

@@ -379,7 +379,15 @@ def _write_val(path: Path, batches: list[Tensor], recorder: _Recorder) -> None:
     tensors = {key: torch.stack([view[key] for view in views]) for key in views[0]}
     partial = path.with_name(path.name + ".partial")
     save_file(tensors, str(partial))
+    os.chmod(partial, _file_mode())  # safetensors creates it private (0600); shards are not
     partial.replace(path)
+
+
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _shard_samples(sample_bytes: int, batch: int) -> int:

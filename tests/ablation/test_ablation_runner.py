@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from radio_lit.ablation import FinalValidation, runner
+from radio_lit.ablation.processes import Slot, job_slots
+from radio_lit.ablation.progress import Progress, RowState
 from radio_lit.ablation.rows import ROWS, resolve_rows
 from radio_lit.cli import main
 from tests.builders import cpu_trainer, image_batches, tiny_module
@@ -143,18 +147,84 @@ def test_final_validation_runs_at_the_last_step_and_saves_its_metrics(tmp_path):
 
 
 def test_time_left_comes_from_measured_time_per_step() -> None:
-    """Three rows of 100 steps. Before any row has finished, the running row's rate since
-    its first reported step (and its start-up time) predicts the rest; afterwards the
-    finished rows' seconds per step do, whatever the running row's start-up looks like."""
-    progress = runner._Progress(total=3)
+    """Three rows of 100 steps, one at a time. Before any row has finished, the running row's
+    rate since its first reported step (and its start-up time) predicts the rest; afterwards
+    the finished rows' seconds per step do, whatever the running row's start-up looks like."""
+    progress = Progress(total=3)
     # Row 1: 8 s of start-up, then 0.5 s per step; first report at step 4.
-    assert progress.seconds_left(1, row_elapsed=10.0, step=4, max_steps=100, now=10.0) is None
-    left = progress.seconds_left(1, row_elapsed=20.0, step=24, max_steps=100, now=20.0)
+    row = RowState("MSE", 1, start=0.0, step=4, max_steps=100)
+    assert progress.seconds_left([row], waiting=2, now=10.0) is None
+    row.step = 24
+    left = progress.seconds_left([row], waiting=2, now=20.0)
     assert left == pytest.approx(0.5 * 76 + 2 * (8.0 + 0.5 * 100))
-    progress.row_done(seconds=60.0, steps=100)  # 0.6 s per step, all included
+    progress.row_done(1, seconds=60.0, steps=100)  # 0.6 s per step, all included
     # Row 2 at step 3 after 5 s: 55 s left in it, 60 s for row 3.
-    left = progress.seconds_left(2, row_elapsed=5.0, step=3, max_steps=100, now=0.0)
-    assert left == pytest.approx(55.0 + 60.0)
-    progress.row_done(seconds=60.0, steps=100)
+    row = RowState("PHI-S", 2, start=0.0, step=3, max_steps=100)
+    assert progress.seconds_left([row], waiting=1, now=5.0) == pytest.approx(55.0 + 60.0)
+    progress.row_done(2, seconds=60.0, steps=100)
     # The last row running past the finished rows' time: nothing left to estimate.
-    assert progress.seconds_left(3, row_elapsed=70.0, step=100, max_steps=100, now=0.0) == 0.0
+    row = RowState("ZCA", 3, start=0.0, step=100, max_steps=100)
+    assert progress.seconds_left([row], waiting=0, now=70.0) == 0.0
+
+
+def test_time_left_shares_the_rows_among_the_jobs() -> None:
+    """Two jobs, 60 s rows: two running rows with 50 s and 20 s left and two rows waiting
+    leave (50 + 20 + 2 x 60) / 2 s; one long row left alone sets the time."""
+    progress = Progress(total=6, jobs=2)
+    progress.row_done(1, seconds=60.0, steps=100)
+    running = [RowState("A", 3, start=0.0, max_steps=100), RowState("B", 4, start=-30.0)]
+    assert progress.seconds_left(running, waiting=2, now=10.0) == pytest.approx(95.0)
+    assert progress.seconds_left(running[:1], waiting=0, now=10.0) == pytest.approx(50.0)
+
+
+def test_jobs_share_the_cores_and_the_gpus():
+    assert job_slots(1, cores=16, gpus=["0", "1"]) == [Slot()]  # torch's defaults
+    assert job_slots(2, cores=2, gpus=[]) == [Slot(1), Slot(1)]
+    assert job_slots(3, cores=16, gpus=[]) == [Slot(5)] * 3
+    assert job_slots(2, cores=16, gpus=["0", "1", "2", "3"]) == [Slot(8, "0,1"), Slot(8, "2,3")]
+    assert job_slots(4, cores=2, gpus=["4", "5", "6", "7"])[3] == Slot(1, "7")
+    with pytest.raises(ValueError, match="--jobs 3 needs a GPU per job but 2 are visible"):
+        job_slots(3, cores=16, gpus=["0", "1"])
+    with pytest.raises(ValueError, match="--jobs must be at least 1"):
+        job_slots(0, cores=2, gpus=[])
+
+
+def waiting_row(args: list[str]) -> None:
+    """A row's process that marks its start, waits (up to 60 s) for the other row's mark,
+    then writes its metrics with the threads and GPUs it was given:
+    ``[metrics path, my mark, other's mark]``."""
+    path, mine, other = map(Path, args)
+    mine.touch()
+    deadline = time.monotonic() + 60
+    while not other.exists():
+        if time.monotonic() > deadline:
+            sys.exit(3)  # the other row never ran beside this one
+        time.sleep(0.05)
+    import torch
+
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = {"threads": torch.get_num_threads(), "gpus": gpus}
+    path.write_text(json.dumps({"step": 3, "metrics": {"val/loss": 1.0}, "seen": seen}))
+
+
+def test_jobs_run_rows_at_once_on_their_slots(monkeypatch, tmp_path, capsys):
+    rows = resolve_rows(["MSE", "PHI-S"], ROWS_DIR)
+    marks = {"MSE": tmp_path / "mse.mark", "PHI-S": tmp_path / "phi-s.mark"}
+
+    def command(row, base, overrides, out):
+        other = marks["PHI-S" if row.name == "MSE" else "MSE"]
+        path = out / "rows" / f"{row.slug}.metrics.json"
+        return runner.Command(
+            f"{__name__}:waiting_row", [str(path), str(marks[row.name]), str(other)]
+        )
+
+    monkeypatch.setattr(runner, "_fit_command", command)
+    slots = [Slot(1, "0"), Slot(1, "1")]
+    assert runner.run_ablation(rows, BASE, [], tmp_path / "out", slots=slots) == []
+    out = capsys.readouterr().out
+    assert "[1/2] MSE: done" in out and "[2/2] PHI-S: done" in out
+    seen = [
+        json.loads((tmp_path / "out" / "rows" / f"{slug}.metrics.json").read_text())["seen"]
+        for slug in ("mse", "phi-s")
+    ]
+    assert seen == [{"threads": 1, "gpus": "0"}, {"threads": 1, "gpus": "1"}]

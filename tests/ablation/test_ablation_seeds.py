@@ -46,7 +46,9 @@ def test_seeds_and_cache(monkeypatch, tmp_path, capsys):
     calls: list[tuple[str, list[str]]] = []
     caches: list[Path] = []
     monkeypatch.setattr(runner, "_fit_command", _fake_fit(calls))
-    monkeypatch.setattr(runner, "_write_cache", lambda base, o, folder, out: caches.append(folder))
+    monkeypatch.setattr(
+        runner, "_write_cache", lambda base, o, folder, out, slots: caches.append(folder)
+    )
     rows = resolve_rows(["MSE", "PHI-S", "ZCA"], ROWS_DIR)
     cache = tmp_path / "cache"
     assert runner.run_ablation(rows, BASE, [], tmp_path / "out", seeds=2, cache=cache) == []

@@ -125,6 +125,9 @@ def test_cache_layout(written: tuple[Path, Path]) -> None:
         "sam/64x64/features",
     }
     assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
+    # every file readable as the user's umask allows (safetensors alone makes its files 0600)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in cache.iterdir()}
+    assert set(modes.values()) == {modes["manifest.json"]}, modes
 
 
 class RecordRun(Callback):
