@@ -35,7 +35,10 @@ def resize_view(crop: Tensor, size: int | tuple[int, int]) -> Tensor:
     hw = (size, size) if isinstance(size, int) else tuple(size)
     if tuple(crop.shape[-2:]) == hw:
         return crop
-    return kornia.geometry.transform.resize(crop, hw, interpolation="bilinear", antialias=True)
+    if crop.device.type == "cpu":  # kornia's antialiasing blur is a depthwise convolution,
+        crop = crop.contiguous(memory_format=torch.channels_last)  # 2x faster so in oneDNN
+    view = kornia.geometry.transform.resize(crop, hw, interpolation="bilinear", antialias=True)
+    return view.contiguous()
 
 
 def normalize_view(view: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kornia
 import pytest
 import torch
 
@@ -54,3 +55,14 @@ def test_normalize_is_per_channel() -> None:
     result = normalize_view(view, mean=(0.2, 0.0, 1.0), std=(1.0, 0.5, 0.1))
     expected = torch.tensor([0.0, 1.0, -2.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2)
     torch.testing.assert_close(result, expected)
+
+
+@pytest.mark.parametrize(("shape", "size"), [((8, 3, 128, 128), 64), ((2, 3, 448, 320), (61, 97))])
+def test_resize_is_kornias_antialiased_bilinear_bit_for_bit(shape, size) -> None:
+    """The CPU path runs kornia on a channels-last copy (faster blur); the view is the same
+    numbers, in the usual contiguous layout."""
+    crop = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    hw = (size, size) if isinstance(size, int) else size
+    expected = kornia.geometry.transform.resize(crop, hw, interpolation="bilinear", antialias=True)
+    view = resize_view(crop, size)
+    assert torch.equal(view, expected) and view.is_contiguous()
