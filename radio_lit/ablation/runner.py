@@ -134,6 +134,13 @@ def main(argv: Sequence[str]) -> None:
         failed = run_ablation(rows, args.base, overrides, args.out, args.seeds, args.cache, slots)
     except ValueError as err:
         parser.error(str(err))
+    except KeyboardInterrupt:
+        print(
+            f"radio-lit ablate: interrupted; the running rows were stopped and the finished "
+            f"ones are kept in {args.out / 'rows'}: run the same command to go on",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     if failed:
         sys.exit(1)
 

@@ -228,3 +228,33 @@ def test_jobs_run_rows_at_once_on_their_slots(monkeypatch, tmp_path, capsys):
         for slug in ("mse", "phi-s")
     ]
     assert seen == [{"threads": 1, "gpus": "0"}, {"threads": 1, "gpus": "1"}]
+
+
+def sleeping_row(args: list[str]) -> None:
+    """A row's process that never finishes on its own."""
+    time.sleep(120)
+
+
+def test_an_interrupted_ablation_stops_its_rows_and_says_how_to_go_on(
+    monkeypatch, tmp_path, capsys
+):
+    started = []
+
+    def start(*args):
+        started.append(real_start(*args))
+        return started[-1]
+
+    def interrupt(*args, **kwargs):  # Ctrl-C while the rows run
+        raise KeyboardInterrupt
+
+    real_start = runner.start
+    monkeypatch.setattr(runner, "start", start)
+    monkeypatch.setattr(runner, "wait", interrupt)
+    sleeper = runner.Command(f"{__name__}:sleeping_row", [])
+    monkeypatch.setattr(runner, "_fit_command", lambda *args: sleeper)
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["--rows", "MSE", "PHI-S", "ZCA", "--jobs", "2", "--out", str(tmp_path)])
+    assert exit_info.value.code == 130
+    assert len(started) == 2 and not any(process.is_alive() for process in started)
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "run the same command to go on" in err
