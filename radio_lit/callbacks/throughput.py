@@ -9,12 +9,15 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from radio_lit.callbacks._common import distillation_module
+from radio_lit.metrics.logging import logs_this_step
 
 
 class ImagesPerSecond(Callback):
-    """Log ``train/images_per_sec``: the images all ranks used in a step over the wall time
-    between the ends of consecutive training batches (data loading, teachers, student and
-    optimizer: what a researcher waits for).
+    """Log ``train/images_per_sec``: the images all ranks used since the previous logged step
+    over the wall time since then, measured between the ends of training batches (data
+    loading, teachers, student and optimizer: what a researcher waits for). Logged on the
+    steps the logger writes (:func:`~radio_lit.metrics.logging.logs_this_step`), so each point
+    is the throughput of the whole stretch of steps it stands for, not of its last step.
 
     Lightning's ``ThroughputMonitor`` is not used because it counts rank 0's batch times the
     world size, which is wrong when partitions give ranks different numbers of images
@@ -24,9 +27,13 @@ class ImagesPerSecond(Callback):
     def __init__(self) -> None:
         super().__init__()
         self._last: float | None = None
+        self._images = 0
+        self._seconds = 0.0
+        self._step = -1  # the optimizer step after the last batch seen
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = None
+        self._images, self._seconds = 0, 0.0
 
     def on_train_batch_end(
         self,
@@ -41,5 +48,10 @@ class ImagesPerSecond(Callback):
             plan = distillation_module(pl_module).partitions
             # A rank's partitions take rank_batch_size images; None: the whole batch.
             per_rank = [plan.rank_batch_size(r) or len(batch) for r in range(trainer.world_size)]
-            pl_module.log("train/images_per_sec", sum(per_rank) / (now - self._last), on_step=True)
+            self._images += sum(per_rank)
+            self._seconds += now - self._last
         self._last = now
+        stepped, self._step = trainer.global_step != self._step, trainer.global_step
+        if stepped and self._seconds > 0 and logs_this_step(trainer, trainer.global_step - 1):
+            pl_module.log("train/images_per_sec", self._images / self._seconds, on_step=True)
+            self._images, self._seconds = 0, 0.0
