@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -270,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             RadioLitCLI(args=args if argv is not None else None)
         except ArgumentError as error:  # raised outside parse_arguments (e.g. --print_config)
             raise ConfigError(short_message(error)) from error
+        except MisconfigurationException as error:  # Lightning: callbacks and trainer disagree
+            raise ConfigError(f"trainer: {short_message(error)}") from error
         except RuntimeError as error:
             mismatch = checkpoint_mismatch(error)
             if mismatch is None:

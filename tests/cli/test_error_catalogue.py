@@ -51,6 +51,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--model.teachers.sam.init_args.checkpoint", "{tmp}/sam_vit_h.pth"],
         ["model.teachers.sam", "SAM checkpoint not found", "sam_vit_h.pth"],
     ),
+    "a callback that needs the logger, without one": (
+        [*FIT, "--trainer.logger", "false"],
+        ["trainer:", "LearningRateMonitor", "no logger"],
+    ),
     "empty image folder": (
         [*FIT, "--data.init_args.train_dir", "{tmp}/empty"],
         ["data.init_args.train_dir", "no images found"],
