@@ -38,6 +38,11 @@ TEACHER_TYPES = {
     "SAMTeacher": "sam",
 }
 
+#: NVlabs/RADIO's ``siglip2`` adaptor ``model`` name (its ``radio/siglip2_adaptor.py``, which
+#: loads the Hugging Face text tower) per checkpoint a ``TransformersTeacher`` loads; RADIO's
+#: other SigLIP2 entry is the NaFlex so400m, not a fixed-grid teacher.
+SIGLIP2_MODELS = {"google/siglip2-giant-opt-patch16-384": "siglip2-g-384"}
+
 
 def teacher_entry(
     name: str,
@@ -49,12 +54,18 @@ def teacher_entry(
     """One ``args.teachers`` entry: ``name``, ``type``, ``use_summary``, ``token_slot``.
 
     An open_clip teacher named by hub/file weights (``model_name`` + ``pretrained``, no
-    ``model_cfg``) is typed ``open_clip`` with ``model`` and ``pretrained``, so that RADIO's
-    loader attaches that CLIP's text encoder (zero-shot); any other teacher gets a generic
-    adaptor type (``clip`` for a custom open_clip model).
+    ``model_cfg``) is typed ``open_clip`` with ``model`` and ``pretrained``, and a pretrained
+    SigLIP2 loaded from Hugging Face (:data:`SIGLIP2_MODELS`) ``siglip2`` with ``model``, so
+    that RADIO's loader attaches that model's text encoder (zero-shot); any other teacher gets
+    a generic adaptor type (``clip`` for a custom open_clip model).
     """
-    kind = TEACHER_TYPES.get(class_path.rsplit(".", 1)[-1], "generic")
+    class_name = class_path.rsplit(".", 1)[-1]
+    kind = TEACHER_TYPES.get(class_name, "generic")
     entry: dict[str, Any] = {"name": name, "type": kind}
+    siglip2 = SIGLIP2_MODELS.get(str(init_args.get("model")))
+    pretrained = init_args.get("pretrained", True) and not init_args.get("model_kwargs")
+    if class_name == "TransformersTeacher" and siglip2 is not None and pretrained:
+        entry.update(type="siglip2", model=siglip2)
     if kind == "open_clip":
         if init_args.get("pretrained") and not init_args.get("model_cfg"):
             entry["model"] = init_args["model_name"]

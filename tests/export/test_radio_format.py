@@ -13,6 +13,7 @@ import yaml
 import radio_lit
 from radio_lit.cli import main
 from radio_lit.export import module_inference_model, save_radio, save_safetensors
+from radio_lit.export.convert import teacher_entry
 from tests.builders import tiny_module, tiny_student
 from tests.export.radio_reference import (
     ARGS_FIELDS,
@@ -198,3 +199,39 @@ def test_a_base_without_class_token_is_refused_for_radio_in_one_line(
         loaded = radio_lit.load(written[0])(images)
     own = own_outputs(module, images)
     torch.testing.assert_close(loaded["dino"].features, own["dino"][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("class_name", "init_args", "expected"),
+    [
+        (  # open_clip weights by name: RADIO's open_clip adaptor loads the text tower
+            "OpenCLIPTeacher",
+            {"model_name": "ViT-gopt-16-SigLIP2-384", "pretrained": "webli"},
+            {"type": "open_clip", "model": "ViT-gopt-16-SigLIP2-384", "pretrained": "webli"},
+        ),
+        (
+            "OpenCLIPTeacher",
+            {"model_name": "tiny", "model_cfg": {"embed_dim": 8}},
+            {"type": "clip"},
+        ),
+        (  # SigLIP2-g from Hugging Face: RADIO's siglip2 adaptor loads its text tower
+            "TransformersTeacher",
+            {"model": "google/siglip2-giant-opt-patch16-384"},
+            {"type": "siglip2", "model": "siglip2-g-384"},
+        ),
+        (  # random or reshaped weights: no text tower matches them
+            "TransformersTeacher",
+            {"model": "google/siglip2-giant-opt-patch16-384", "pretrained": False},
+            {"type": "generic"},
+        ),
+        (
+            "TransformersTeacher",
+            {"model": "facebook/dinov3-vit7b16-pretrain-lvd1689m"},
+            {"type": "generic"},
+        ),
+        ("DINOv3Teacher", {"model": "dinov3_vit7b16"}, {"type": "generic"}),
+    ],
+)
+def test_teacher_entries_name_the_adaptor_radio_loads(class_name, init_args, expected) -> None:
+    entry = teacher_entry("t", f"radio_lit.teachers.{class_name}", init_args, True, 1)
+    assert entry == {"name": "t", **expected, "use_summary": True, "token_slot": 1}
