@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="radio-lit ablate",
         description=(
-            "Train the PHI-S ablation rows (tables 1 and 12) one after the other and write the "
+            "Train the PHI-S ablation rows (tables 1 and 12), --jobs at a time, and write the "
             "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks). Any "
             "other --section.key value option is passed to every row's radio-lit fit."
         ),
