@@ -271,11 +271,10 @@ def run_ablation(
         _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
         for row, seed in todo
     ]
-    results = _RowRunner(todo, commands, out, slots).run()
+    results = _RowRunner([row for row, _ in todo], commands, out, slots).run()
     failed = []
-    for (row, seed), (status, seconds) in zip(todo, results, strict=True):
-        metrics = _read_json(out / "rows" / f"{row.slug}.metrics.json")
-        if status != 0 or metrics is None:
+    for (row, seed), (seconds, metrics) in zip(todo, results, strict=True):
+        if metrics is None:
             failed.append(row.name)
             continue
         finished[row.slug] = {
@@ -309,17 +308,18 @@ class _RowRunner:
     time left."""
 
     def __init__(
-        self, rows: list[tuple[Row, int]], commands: list[Command], out: Path, slots: list[Slot]
+        self, rows: list[Row], commands: list[Command], out: Path, slots: list[Slot]
     ) -> None:
-        self.rows = [row for row, _ in rows]
+        self.rows = rows
         self.commands = commands
         self.out = out
         self.slots = slots
         self.progress = Progress(len(rows), len(slots))
-        self.results: list[tuple[int | None, float]] = [(None, 0.0)] * len(rows)
+        self.results: list[tuple[float, dict[str, Any] | None]] = [(0.0, None)] * len(rows)
 
-    def run(self) -> list[tuple[int | None, float]]:
-        """Each row's ``(exit status, seconds)``, in the rows' order."""
+    def run(self) -> list[tuple[float, dict[str, Any] | None]]:
+        """Each row's ``(seconds, final metrics)``, in the rows' order; ``None`` metrics for a
+        row that failed."""
         waiting = list(range(len(self.rows)))
         running: dict[int, _Running] = {}  # slot number -> its row
         last_report = time.monotonic()
@@ -368,13 +368,13 @@ class _RowRunner:
         row, state = self.rows[job.number], job.state
         seconds = time.monotonic() - state.start
         status = job.process.exitcode
-        self.results[job.number] = (status, seconds)
         metrics = _read_json(self.out / "rows" / f"{row.slug}.metrics.json")
         head = f"[{state.index}/{self.progress.total}] {row.name}"
         if status != 0 or metrics is None:
             print(f"{head} FAILED (exit {status}), see {self._log(job.number)}:")
             print(_tail(self._log(job.number)), flush=True)
             return
+        self.results[job.number] = (seconds, metrics)
         self.progress.row_done(state.index, seconds, int(metrics["step"]))
         print(f"{head}: done, {metrics['step']} steps in {clock(seconds)}", flush=True)
 
