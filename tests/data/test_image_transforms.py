@@ -11,7 +11,6 @@ import torch
 from PIL import Image
 
 from radio_lit.data.image_folder import ImageFolderDataset
-
 from radio_lit.data.transforms import (
     UnreadableImageError,
     eval_transform,
