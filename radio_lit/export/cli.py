@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from radio_lit.errors import CommandParser, checkpoint_file
+from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
 from radio_lit.export.onnx import save_onnx
@@ -57,6 +57,7 @@ def main(argv: list[str]) -> None:
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
+    _check_folder(stem.parent, "--output" if args.output is not None else "checkpoint")
     formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
@@ -78,3 +79,16 @@ def main(argv: list[str]) -> None:
             bar.update()
     for path in written:
         print(path)
+
+
+def _check_folder(folder: Path, option: str) -> None:
+    """Refuse an output ``folder`` that cannot be made because a file stands in its way (the
+    folder itself or one above it), naming that file."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"radio-lit export: {option}: cannot write into {folder}: {candidate} is a "
+                    "file, not a folder; give another --output (or move that file)"
+                )
+            return

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,20 @@ def save_safetensors(model: RadioLitModel, path: str | Path) -> tuple[Path, Path
     """Write ``<stem>.safetensors`` (RADIO key names) and ``<stem>.json`` (the config)."""
     path = Path(path).with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(model.radio_state_dict(), str(path), metadata={"format": "pt"})
+    save_umask_file(model.radio_state_dict(), path)
     config_path = path.with_suffix(".json")
     config_path.write_text(json.dumps(model.config, indent=2) + "\n")
     return path, config_path
+
+
+def save_umask_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file`` (metadata ``format: pt``), the file then given the mode
+    the process's umask gives new files (``0644`` under umask ``022``), as ``torch.save`` and
+    ``open`` do: safetensors creates it ``0600``, unreadable to colleagues on a shared cluster."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0o022)  # reading the umask means setting it: set it back at once
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def read_radio(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
