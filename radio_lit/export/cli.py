@@ -53,11 +53,11 @@ def main(argv: list[str]) -> None:
         "(E-RADIO; default: the training resolution)",
     )
     args = parser.parse_args(argv)
-    checkpoint_file(args.checkpoint, "checkpoint")
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
     _check_folder(stem.parent, "--output" if args.output is not None else "checkpoint")
+    checkpoint_file(args.checkpoint, "checkpoint")
     formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:

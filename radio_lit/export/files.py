@@ -78,6 +78,31 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     return json.loads(config_path.read_text()), load_file(str(path))
 
 
+#: Suffixes of the files :func:`load` reads.
+MODEL_SUFFIXES = (".safetensors", *RADIO_SUFFIXES, ".ckpt")
+
+
+def model_file(path: str | Path, option: str | None = None) -> Path:
+    """``path`` checked as a model file for :func:`load`: a missing path, or a folder (named
+    with the model files in it), raises ``FileNotFoundError`` prefixed with ``option``."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path
+    prefix = f"{option}: " if option else ""
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix in MODEL_SUFFIXES)
+        inside = (
+            "give one of its files: " + ", ".join(found)
+            if found
+            else "it holds no .safetensors, .pth or .ckpt file (radio-lit export writes them)"
+        )
+        raise FileNotFoundError(f"{prefix}{path} is a folder, not a model file; {inside}")
+    raise FileNotFoundError(
+        f"{prefix}{path} does not exist; give a .safetensors or .pth written by radio-lit "
+        "export, or a training .ckpt"
+    )
+
+
 def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
     """The inference model of an export or a training checkpoint, in eval mode on the CPU.
 
@@ -92,9 +117,7 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = model_file(path)
     if path.suffix == ".ckpt":
         from radio_lit.export.checkpoint import checkpoint_inference_model
 

@@ -119,7 +119,7 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "non-positive batch size": (
         [*FIT, "--data.init_args.batch_size", "0"],
-        ["batch_size=0", "must be positive"],
+        ["data.init_args.batch_size: must be at least 1", "batch_size=0"],
     ),
     "unknown option": (
         [*FIT, "--trainer.max_stepz", "3"],
@@ -183,6 +183,14 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "export a corrupt checkpoint": (
         ["export", "{tmp}/corrupt.ckpt"],
         ["cannot be read as a checkpoint"],
+    ),
+    "export into a folder blocked by a file": (
+        ["export", "{tmp}/corrupt.ckpt", "--output", "{tmp}/corrupt.ckpt/export/model"],
+        ["--output", "corrupt.ckpt is a file, not a folder", "give another --output"],
+    ),
+    "evaluate a folder as an exported model": (
+        ["evaluate", "--model_path", "{tmp}"],
+        ["--model_path", "is a folder, not a model file", "corrupt.ckpt"],
     ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],
