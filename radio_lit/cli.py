@@ -26,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
+from radio_lit.command_list import overview
 from radio_lit.errors import (
     ConfigError,
     RadioLitError,
@@ -254,11 +255,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     User errors (bad arguments or config values, missing files, unknown model names) print
     one message and exit with status 2; a run stopped by a training fault exits with 1;
-    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors).
+    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors). ``radio-lit --help``
+    lists every command (:mod:`radio_lit.command_list`); a bare ``radio-lit`` lists them
+    and exits with status 2.
     """
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch releases deprecate.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):  # every command, not LightningCLI's four
+        if args:
+            print(overview(SUBCOMMANDS))
+            return
+        sys.stderr.write(overview(SUBCOMMANDS) + "\n")
+        sys.exit(ConfigError.exit_code)
     try:
         if args and args[0] in SUBCOMMANDS:
             module, function = SUBCOMMANDS[args[0]].split(":")

@@ -1,4 +1,6 @@
-"""``radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]``.
+"""``radio-lit export``: a training checkpoint as NVlabs/RADIO's format, safetensors or ONNX.
+
+    radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
