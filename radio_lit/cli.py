@@ -39,6 +39,7 @@ from radio_lit.errors import (
 )
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
+from radio_lit.overlays import overlay_error
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -76,10 +77,15 @@ class RadioLitCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse; an unknown option or class name gets the closest known one suggested."""
+        """Parse; an unknown option or class name gets the closest known one suggested, an
+        overlay config given alone the full config to stack it on (:mod:`radio_lit.overlays`)."""
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
+            argv = sys.argv[1:] if args is None else args
+            overlay = overlay_error(str(error), argv if isinstance(argv, list) else [])
+            if overlay is not None:
+                raise ConfigError(overlay) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
 

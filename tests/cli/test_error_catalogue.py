@@ -192,6 +192,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["evaluate", "--model_path", "{tmp}"],
         ["--model_path", "is a folder, not a model file", "corrupt.ckpt"],
     ),
+    "an overlay config alone": (
+        ["fit", "--config", str(ROOT / "configs" / "quickstart-eradio.yaml")],
+        ["quickstart-eradio.yaml is an overlay", "radio-lit fit --config configs/quickstart.yaml"],
+    ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],
         ["--ckpt_path", "does not exist"],
