@@ -21,8 +21,8 @@ Two facts of NVlabs' adaptors the teacher reads from the model rather than assum
   (``u = sqrt(N / (h w))``), and a count that is no ``u^2`` multiple of the grid is refused;
 - NVlabs builds a summary head for every adaptor, also for teachers distilled without a
   summary term (``use_summary: false`` in the checkpoint's ``args.teachers``, e.g. SAM: AM-RADIO
-  3.4.1, lambda = 0): such a head was never trained, so its output is no target. The model
-  keeps the trained ones as ``summary_idxs`` (and each adaptor its ``head_idx``).
+  3.4.1, lambda = 0): such a head was never trained, so its output is no target
+  (:func:`trained_summary` reads ``use_summary``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class RADIOTeacher(Teacher):
         self.model = cast(net, dtype)
         self.adaptor = adaptor
         self.loader = loader
-        self.use_summary = _use_summary(net, model, adaptor, summary)
+        self.use_summary = _use_summary(net, model, loader, adaptor, summary)
         self.freeze()
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
         if summary and probe.summary is None:
@@ -153,18 +153,17 @@ def upsample_factor(tokens: int, rows: int, cols: int, output: str) -> int:
     return factor
 
 
-def _use_summary(net: nn.Module, model: str, adaptor: str, summary: bool | None) -> bool | None:
-    """Whether to use the chosen output's summary: ``summary`` as given, checked against what
-    NVlabs' model says was trained (``summary_idxs`` and the adaptor's ``head_idx``); ``None``:
-    as the output gives it (a radio-lit export returns no summary where none was trained)."""
-    inner = getattr(net, "radio_model", net)  # the HF wrapper holds the hub model
-    adaptors = getattr(inner, "adaptors", None)
-    trained_idxs = getattr(inner, "summary_idxs", None)
-    if adaptor == "backbone" or adaptors is None or adaptor not in adaptors:
+def _use_summary(
+    net: nn.Module, model: str, loader: str, adaptor: str, summary: bool | None
+) -> bool | None:
+    """Whether to use the chosen output's summary: ``summary`` as given, checked against
+    whether NVlabs' model trained it (:func:`trained_summary`); ``None``: as the output gives
+    it (a radio-lit export returns no summary where none was trained)."""
+    if adaptor == "backbone" or loader == "export":
         return summary
-    if trained_idxs is None:
+    trained = trained_summary(net, model, loader, adaptor)
+    if trained is None:
         return summary
-    trained = int(adaptors[adaptor].head_idx) in trained_idxs.tolist()
     if summary and not trained:
         raise ValueError(
             f"RADIOTeacher: {model!r} was distilled from {adaptor!r} without a summary term "
@@ -172,6 +171,41 @@ def _use_summary(net: nn.Module, model: str, adaptor: str, summary: bool | None)
             "summary: false (or leave it unset)."
         )
     return trained if summary is None else summary
+
+
+def trained_summary(net: nn.Module, model: str, loader: str, adaptor: str) -> bool | None:
+    """Whether NVlabs' model ``net`` trained ``adaptor``'s summary head: ``use_summary`` of
+    its entry in the checkpoint's ``args.teachers`` (the HF config's ``args``, or the
+    ``torch_hub`` checkpoint file's), else, for a hub version name, whether the adaptor's
+    token slot (``head_idx``) is one of the model's ``summary_idxs`` (NVlabs' releases give
+    each teacher its own slot); ``None`` when neither is known."""
+    teachers = _checkpoint_teachers(net, model, loader)
+    if teachers is not None:
+        entry = next((t for t in teachers if t.get("name") == adaptor), None)
+        return None if entry is None else bool(entry.get("use_summary", True))
+    inner = getattr(net, "radio_model", net)  # the HF wrapper holds the hub model
+    adaptors, trained_idxs = getattr(inner, "adaptors", None), getattr(inner, "summary_idxs", None)
+    if adaptors is None or adaptor not in adaptors or trained_idxs is None:
+        return None
+    return int(adaptors[adaptor].head_idx) in trained_idxs.tolist()
+
+
+def _checkpoint_teachers(net: nn.Module, model: str, loader: str) -> list[dict] | None:
+    """``args.teachers`` of NVlabs' checkpoint where it can be read: the HF config's ``args``,
+    or the ``torch_hub`` file ``model`` (memory-mapped: the weights are not read; the file was
+    unpickled by the hub's code already, which ``trust_remote_code`` allowed)."""
+    args = getattr(getattr(net, "config", None), "args", None)
+    if args is None and loader == "torch_hub" and os.path.isfile(os.path.expanduser(model)):
+        path = os.path.expanduser(model)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        except RuntimeError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        args = checkpoint.get("args") if isinstance(checkpoint, dict) else None
+    if args is None:
+        return None
+    teachers = args.get("teachers") if isinstance(args, dict) else getattr(args, "teachers", None)
+    return list(teachers) if teachers is not None else None
 
 
 def _dtype(net: nn.Module) -> torch.dtype:
