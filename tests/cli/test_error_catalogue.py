@@ -196,6 +196,16 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["fit", "--config", str(ROOT / "configs" / "quickstart-eradio.yaml")],
         ["quickstart-eradio.yaml is an overlay", "radio-lit fit --config configs/quickstart.yaml"],
     ),
+    "a cls summary of a teacher without a class token": (
+        [
+            *FIT,
+            "--model.teachers.dino",
+            "{class_path: radio_lit.teachers.TransformersTeacher, init_args: {model: "
+            "siglip_vision_model, pretrained: false, summary: cls, model_kwargs: {hidden_size: "
+            "32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2}}}",
+        ],
+        ["model.teachers.dino", "has no class token", "summary: pooled"],
+    ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],
         ["--ckpt_path", "does not exist"],
