@@ -118,11 +118,11 @@ def test_cache_layout(written: tuple[Path, Path]) -> None:
     first = epoch_order(10, 0, 0)[0]  # the first image a one-rank run sees
     assert sample["__key__"] == f"i{first:09d}_v0000"
     tensors = load_safetensors(sample["safetensors"])
-    assert set(tensors) == {
+    assert set(tensors) == {  # the outputs computed in a one-rank run's batches
         "pixels",
-        "clip/56x56/features",
-        "clip/56x56/summary",
-        "sam/64x64/features",
+        "clip/56x56/features@1",
+        "clip/56x56/summary@1",
+        "sam/64x64/features@1",
     }
     assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
     # every file readable as the user's umask allows (safetensors alone makes its files 0600)
