@@ -113,7 +113,7 @@ def grouping_problem(
         what = f"{ranks} rank(s); the cache was written for {recorded['ranks']}"
     elif batch != recorded["batch_size"]:
         what = f"batch size {batch}; the cache's is {recorded['batch_size']}"
-    elif dict(partitions) != recorded["partitions"]:
+    elif list(partitions.items()) != list(recorded["partitions"].items()):  # order: rows
         what = "other model.partitions than the cache's"
     else:
         return None

@@ -325,7 +325,7 @@ def write_cache(
     sample_bytes = _tar_bytes(
         save_safetensors(
             {"pixels": one["pixels"]}
-            | {grouped_key(k, w): v for w in ranks for k, v in one.items() if k != "pixels"}
+            | {grouped_key(k, w): v.clone() for w in ranks for k, v in one.items() if k != "pixels"}
         )
     )
     sizes = view_sizes(module.teachers, module.partitions, module.student.patch_size)
@@ -513,7 +513,7 @@ def _samples(
             outputs = dict(steps.outputs(view, place, world))
             tensors.setdefault("pixels", outputs.pop("pixels", None))
             for key, value in outputs.items():
-                tensors[grouped_key(key, world)] = value.to(storage).contiguous()
+                tensors[grouped_key(key, world)] = value.to(storage).clone()  # no shared memory
         if tensors["pixels"] is None:  # in no full batch at any rank count
             tensors["pixels"] = steps.crops([n])[0]
         yield sample_key(index, view), save_safetensors(tensors)
