@@ -11,9 +11,10 @@ teacher on it at every view size the run can show it (its native resolution, or 
 student resolution of its partitions if it follows the student), with the step's own code
 (:func:`~radio_lit.step.run_teachers`), on the very rows the live step gives the teacher in
 epoch ``v`` at each rank count of ``--ranks`` (same images, same rows, same mosaic canvases:
-:mod:`radio_lit.cache.grouping`; rows no partition takes hold NaN). Stored per view: the crop
-(uint8, what the student's view is made from) and each teacher's summary and features on its
-own grid, before normalization, in ``--dtype``, once per rank count. The validation images of
+:mod:`radio_lit.cache.grouping`; the rows no partition of a teacher takes are then run through
+it together). Stored per view: the crop (uint8, what the student's view is made from) and each
+teacher's summary and features on its own grid, before normalization, in ``--dtype``, once
+per rank count. The validation images of
 the run's ``val_dir`` (their fixed center crops, in each rank's validation batches) are stored
 the same way, in one file, so a run from the cache validates without its teachers. Layout:
 :mod:`radio_lit.cache.shards`, :mod:`radio_lit.cache.manifest`.
@@ -203,32 +204,72 @@ class _Recorder:
 
     def __call__(self, pixels: Tensor, rows: Mapping[str, slice]) -> dict[str, Tensor]:
         """Outputs ``{output_key: [B, ...] float32}`` of each partition's teachers on its
-        ``rows`` of the crops ``pixels [B, 3, S, S]`` uint8, at every student resolution of the
-        partition; rows no partition of a teacher takes are NaN."""
+        ``rows`` of the crops ``pixels [B, 3, S, S]`` uint8 (all at once, as the step runs
+        them), at every student resolution of the partition.
+
+        The rows no partition of a teacher takes here are then run through it together
+        [choice]: a replay in another grouping reads them, which the cache allows only
+        without mosaics (equal up to rounding, :func:`~radio_lit.cache.grouping.grouping_problem`).
+        """
         crop = as_float_images(pixels.to(self.device))
         stored: dict[str, Tensor] = {}
+        filled: dict[str, Tensor] = {}  # features key -> rows holding the teacher's outputs
         with torch.no_grad(), self.autocast:
             for partition, taken in rows.items():
-                run: set[str] = set()
-                for height, width in self.plan.resolutions[partition]:
-                    grid = (height // self.patch, width // self.patch)
+                index = torch.arange(len(pixels))[taken]
+                for grid in self._grids(partition):
                     names = [
                         n
                         for n in self.plan.members[partition]
-                        if output_key(n, self.teachers[n].view_size(grid), "features") not in run
+                        if not self._filled(filled, n, grid, index, len(pixels)).any()
                     ]
-                    for name, out in run_teachers(self.teachers, crop[taken], names, grid).items():
-                        size = self.teachers[name].view_size(grid)
-                        run.add(output_key(name, size, "features"))
-                        for part, value in (("features", out.features), ("summary", out.summary)):
-                            if value is None:
-                                continue
-                            key = output_key(name, size, part)
-                            if key not in stored:
-                                shape = (len(pixels), *value.shape[1:])
-                                stored[key] = torch.full(shape, torch.nan)
-                            stored[key][taken] = value.float().cpu()
+                    self._run(crop, index, names, grid, stored, filled)
+            for partition in self.plan.partitions:
+                for grid in self._grids(partition):
+                    for name in self.plan.members[partition]:
+                        rest = (~self._filled(filled, name, grid, None, len(pixels))).nonzero()
+                        self._run(crop, rest[:, 0], [name], grid, stored, filled)
         return stored
+
+    def _grids(self, partition: str) -> list[tuple[int, int]]:
+        return [(h // self.patch, w // self.patch) for h, w in self.plan.resolutions[partition]]
+
+    def _filled(
+        self,
+        filled: dict[str, Tensor],
+        name: str,
+        grid: tuple[int, int],
+        index: Tensor | None,
+        count: int,
+    ) -> Tensor:
+        """Which rows (of ``index``, default all) hold teacher ``name``'s outputs at ``grid``."""
+        key = output_key(name, self.teachers[name].view_size(grid), "features")
+        done = filled.get(key, torch.zeros(count, dtype=torch.bool))
+        return done if index is None else done[index]
+
+    def _run(
+        self,
+        crop: Tensor,
+        index: Tensor,
+        names: list[str],
+        grid: tuple[int, int],
+        stored: dict[str, Tensor],
+        filled: dict[str, Tensor],
+    ) -> None:
+        """Teachers ``names`` on the rows ``index`` of ``crop`` at once, into ``stored``."""
+        if not names or not len(index):
+            return
+        for name, out in run_teachers(self.teachers, crop[index], names, grid).items():
+            size = self.teachers[name].view_size(grid)
+            for part, value in (("features", out.features), ("summary", out.summary)):
+                if value is None:
+                    continue
+                key = output_key(name, size, part)
+                if key not in stored:
+                    stored[key] = torch.full((len(crop), *value.shape[1:]), torch.nan)
+                stored[key][index] = value.float().cpu()
+            key = output_key(name, size, "features")
+            filled.setdefault(key, torch.zeros(len(crop), dtype=torch.bool))[index] = True
 
     def rank_rows(self, ranks: int, rank: int, batch: int) -> dict[str, slice]:
         """The rows of a training batch that rank ``rank`` of ``ranks`` gives each partition."""
@@ -318,10 +359,9 @@ def write_cache(
         return torch.stack(items)
 
     val_images = _val_images(datamodule)
-    probe = recorder(crops([0]), recorder.all_rows())
-    empty = {key: torch.full_like(value[0], torch.nan) for key, value in probe.items()}
+    probe = {key: value[0] for key, value in recorder(crops([0]), {}).items()}
     storage = DTYPES[dtype]
-    one = {"pixels": crops([0])[0], **{k: v.to(storage) for k, v in empty.items()}}
+    one = {"pixels": crops([0])[0], **{k: v.to(storage) for k, v in probe.items()}}
     sample_bytes = _tar_bytes(
         save_safetensors(
             {"pixels": one["pixels"]}
@@ -382,7 +422,7 @@ def write_cache(
     count = sum(len(manifest.shard_samples(j)) for j in todo)
     need = count * sample_bytes + len(todo) * _TAR_END
     val_path = out / VAL_FILE
-    val_view = one["pixels"].nbytes + len(ranks) * sum(v.numel() * 4 for v in empty.values())
+    val_view = one["pixels"].nbytes + len(ranks) * sum(v.numel() * 4 for v in probe.values())
     val_bytes = manifest.val_items * val_view  # float32
     if shard_index == 0 and not val_path.is_file():
         need += val_bytes
@@ -403,7 +443,7 @@ def write_cache(
         )
     if shard_index == 0 and len(val_images) and not val_path.is_file():
         _write_val(val_path, val_images, recorder, ranks, batch)
-    steps = _Steps(recorder, crops, num_items, batch, ranks, empty)
+    steps = _Steps(recorder, crops, num_items, batch, ranks)
     with tqdm(total=count, unit="view", desc="radio-lit cache", file=sys.stderr) as progress:
         for shard in todo:
             numbers = manifest.shard_samples(shard)
@@ -459,42 +499,40 @@ def _shard_samples(sample_bytes: int, batch: int) -> int:
 
 class _Steps:
     """The live run's training steps at each rank count, one at a time: per place of the
-    step's batches (all ranks), the crop and every teacher's outputs."""
+    step's batches (all ranks), the crop and every teacher's outputs. The places after the
+    last full batch (``drop_last``) are run as one batch of their own."""
 
     def __init__(
-        self,
-        recorder: _Recorder,
-        crops: Any,
-        num_items: int,
-        batch: int,
-        ranks: Sequence[int],
-        empty: dict[str, Tensor],
+        self, recorder: _Recorder, crops: Any, num_items: int, batch: int, ranks: Sequence[int]
     ) -> None:
         self.recorder, self.crops, self.num_items, self.batch = recorder, crops, num_items, batch
-        self.ranks, self.empty = ranks, empty
+        self.ranks = ranks
         self._last: dict[int, tuple[tuple[int, int], dict[int, dict[str, Tensor]]]] = {}
 
     def outputs(self, view: int, place: int, world: int) -> dict[str, Tensor]:
-        """The crop (``"pixels"``, absent in no full batch) and every teacher's outputs for the
-        item at ``place`` of epoch ``view`` at ``world`` ranks (NaN where no partition of the
-        teacher takes it, or in no full batch)."""
-        step = place // (self.batch * world)
-        if step >= train_steps(self.num_items, world, self.batch):
-            return self.empty
+        """The crop (``"pixels"``) and every teacher's outputs for the item at ``place`` of
+        epoch ``view`` at ``world`` ranks."""
+        steps = train_steps(self.num_items, world, self.batch)
+        step = min(place // (self.batch * world), steps)
         if self._last.get(world, ((-1, -1),))[0] != (view, step):
             self._last[world] = ((view, step), self._step(view, step, world))
         return self._last[world][1][place]
 
     def _step(self, view: int, step: int, world: int) -> dict[int, dict[str, Tensor]]:
+        if step == train_steps(self.num_items, world, self.batch):  # the dropped places
+            batches = [(list(range(step * self.batch * world, self.num_items)), {})]
+        else:
+            batches = [
+                (places, self.recorder.rank_rows(world, rank, self.batch))
+                for rank, places in enumerate(train_places(self.num_items, world, self.batch, step))
+            ]
         by_place = {}
-        for rank, places in enumerate(train_places(self.num_items, world, self.batch, step)):
+        for places, rows in batches:
             pixels = self.crops([view * self.num_items + p for p in places])
-            rows = self.recorder.rank_rows(world, rank, self.batch)
             outputs = self.recorder(pixels, rows)
             for row, place in enumerate(places):
                 by_place[place] = {"pixels": pixels[row]} | {
-                    key: outputs[key][row] if key in outputs else value
-                    for key, value in self.empty.items()
+                    key: value[row] for key, value in outputs.items()
                 }
         return by_place
 
@@ -511,11 +549,9 @@ def _samples(
         tensors: dict[str, Tensor] = {}
         for world in steps.ranks:
             outputs = dict(steps.outputs(view, place, world))
-            tensors.setdefault("pixels", outputs.pop("pixels", None))
+            tensors["pixels"] = outputs.pop("pixels")
             for key, value in outputs.items():
                 tensors[grouped_key(key, world)] = value.to(storage).clone()  # no shared memory
-        if tensors["pixels"] is None:  # in no full batch at any rank count
-            tensors["pixels"] = steps.crops([n])[0]
         yield sample_key(index, view), save_safetensors(tensors)
         progress.update(1)
 
