@@ -395,3 +395,19 @@ def test_views_epochs_writes_only_the_steps_the_run_takes(
     status, error = _run([*fit, "--trainer.max_steps", "4"], capsys)
     assert status == 2
     assert "trainer.max_steps: the cache cache holds the first 3 steps" in error
+
+
+def test_a_cache_of_an_older_format_gives_one_line(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, cache = written
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    record = json.loads((copy / "manifest.json").read_text())
+    for key in ("grouping", "identity", "samples"):  # what format 3 added
+        record.pop(key)
+    (copy / "manifest.json").write_text(json.dumps({**record, "format": 2}))
+    fit = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    status, error = _run([*fit, "--data.path", str(copy)], capsys)
+    assert status == 2 and "has cache format 2, this radio_lit reads 3" in error
+    assert "write the cache again with radio-lit cache" in error
