@@ -429,8 +429,10 @@ def write_cache(
     total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END + val_bytes
     per_teacher = ", ".join(f"{k} {_human(v)}" for k, v in manifest.bytes_per_view.items())
     print(
-        f"radio-lit cache: {num_items} items x {views} views = {manifest.num_samples} views "
-        f"({dtype}, for {' and '.join(map(str, ranks))} rank(s)); per view: {per_teacher}; "
+        f"radio-lit cache: {num_items} items x {views} views = {views * num_items} views, "
+        f"{'all' if manifest.samples is None else 'the run reads the first'} "
+        f"{manifest.num_samples} ({dtype}, for {' and '.join(map(str, ranks))} rank(s)); "
+        f"per view: {per_teacher}; "
         f"total {_human(total)} in {manifest.num_shards} shard(s); this process: {len(todo)} "
         f"of its {len(mine)} shard(s) left, {_human(need)}",
         flush=True,
