@@ -1,18 +1,21 @@
 """The manifest of a teacher-feature cache: what was cached, and whether a run may use it.
 
 ``DIR/manifest.json`` records the teachers (their config and a signature of what their outputs
-depend on: class, resolution, patch size, pixel mean/std, grid, widths, a digest of the
-weights), the view sizes each teacher was run at, the data source, the number of views per
-image, the storage dtype and layout, and a hash of all of it. A run that reads the cache
-(:class:`~radio_lit.cache.CachedViews`) is checked against it first
+depend on: class, resolution, patch size, pixel mean/std, grid, widths, a sha256 of the
+weights' bytes; whether a mosaic mixes a view with its neighbours), the view sizes each
+teacher was run at, the data source, the number of views per image, the storage dtype and
+layout, the grouping the outputs were computed in (rank counts, per-rank batch, partitions:
+:mod:`radio_lit.cache.grouping`), what they were computed from (weight files, Hub commits,
+library versions, precision: :mod:`radio_lit.cache.identity`), and a hash of all of it. A run
+that reads the cache (:class:`~radio_lit.cache.CachedViews`) is checked against it first
 (:func:`check_run`): a missing teacher, another teacher, or a student resolution whose
 teacher views were not cached is refused with one line naming the difference.
 
 Samples are numbered ``n = view * num_items + p``, ``p`` the item's position in the one-rank
 training order of epoch ``view`` (:func:`epoch_order`; all views 0 first), and shard ``j``
 holds samples ``[j K, (j + 1) K)``, ``K = samples_per_shard``: consecutive samples are the
-live run's batches, in which the writer runs the teachers (a teacher's output for an image
-can differ in the last bit with its row in the batch, on CPU as on GPU).
+live run's batches at one rank, and a ``max_steps`` run's cache holds only its first
+``samples`` (:attr:`Manifest.samples`).
 """
 
 from __future__ import annotations
