@@ -65,6 +65,13 @@ class CanvasTeacher(Teacher):
     def summary_dim(self) -> None:
         return None
 
+    def shares_canvas(self, size: tuple[int, int]) -> bool:
+        """Mosaics pack ``k x k > 1`` views per canvas (global attention mixes them)."""
+        height, width = size
+        if not self.mosaic or height != width:
+            return False
+        return mosaic_layout(height, self.canvas, self.patch_size).k > 1
+
     def encode_canvas(self, images: Tensor) -> Tensor:
         """``[B, 3, canvas, canvas]`` -> features ``[B, canvas/p, canvas/p, C]``."""
         raise NotImplementedError
