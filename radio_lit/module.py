@@ -20,6 +20,7 @@ from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
 from radio_lit.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
+from radio_lit.losses.angular import summary_dispersions
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.metrics.logging import epoch_logs, logs_this_step, step_logs
 from radio_lit.normalizers import Identity, Normalizer
@@ -67,7 +68,9 @@ class DistillationModule(pl.LightningModule):
         normalizer: normalizer kind of every teacher (PHI-S 2.2; ``Identity``: MSE baseline).
         normalizer_overrides: per-teacher normalizer kinds that replace ``normalizer``.
         loss: feature loss (PHI-S eqs. 1-4) on the normalized target; ``MSE`` by default.
-        summary_loss: summary loss; cosine distance by default (AM-RADIO eq. 2).
+        summary_loss: summary loss; cosine distance by default (AM-RADIO eq. 2);
+            ``AngleBalanced`` divides by each teacher's summary dispersion, a teacher
+            statistic estimated like the normalizers' (C-RADIOv4 report 2.5).
         feature_weights: per-teacher feature loss weights ``gamma_k`` (default 1).
         summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1).
         balancer: combines the loss terms (``Weighted``, AM-RADIO 3.4.1; radio_lit.losses).
@@ -126,6 +129,9 @@ class DistillationModule(pl.LightningModule):
         self.min_lr_ratio = min_lr_ratio
 
         self.normalizers = teacher_normalizers(teachers, normalizer, normalizer_overrides)
+        self.dispersions = summary_dispersions(
+            {n: t.summary_dim for n, t in teachers.items()}, self.summary_loss
+        )
         self.heads = teacher_heads(
             student.embed_dim, {n: (t.feature_dim, t.summary_dim) for n, t in teachers.items()}
         )
@@ -153,7 +159,14 @@ class DistillationModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Every rank: teachers' accumulators that rank 0 does not hold reach it, then it saves."""
-        complete_checkpoint(self.normalizers, self.partitions.sources, checkpoint["state_dict"])
+        for prefix, statistics in self.teacher_statistics().items():
+            sources, state = self.partitions.sources, checkpoint["state_dict"]
+            complete_checkpoint(statistics, sources, state, prefix)
+
+    def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
+        """Every per-teacher statistic estimated in the estimation steps, by attribute name:
+        the normalizers and the summary dispersions (``AngleBalanced`` only)."""
+        return {"normalizers": self.normalizers, "dispersions": self.dispersions}
 
     def setup(self, stage: str) -> None:
         """Place the partitions on this run's ranks; give each teacher's normalizer the
@@ -162,7 +175,9 @@ class DistillationModule(pl.LightningModule):
         self.partitions.check_strategy(self.trainer.strategy)
         if not self.partitions.single:
             for name, (group, source) in self.partitions.process_groups().items():
-                self.normalizers[name].set_process_group(group, source)
+                for statistics in self.teacher_statistics().values():
+                    if name in statistics:
+                        statistics[name].set_process_group(group, source)
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``, shard the student and heads (FSDP2; teachers stay
@@ -215,11 +230,16 @@ class DistillationModule(pl.LightningModule):
         self, outputs: Sequence[Mapping[str, TeacherOutput]]
     ) -> list[dict[str, Tensor]]:
         """Teacher features ``[{name: [B, H, W, C]}]`` (one dict per chunk) in each normalizer's
-        target space, after this step's statistics update while estimation is on."""
+        target space, after this step's statistics update (features, and summaries for the
+        dispersions) while estimation is on."""
         features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
         if self.estimate_statistics:
-            sources = self.partitions.sources
-            accumulate_statistics(self.normalizers, features, self.refit_statistics, sources)
+            sources, refit = self.partitions.sources, self.refit_statistics
+            accumulate_statistics(self.normalizers, features, refit, sources)
+            summaries = [
+                {n: o.summary for n, o in c.items() if o.summary is not None} for c in outputs
+            ]
+            accumulate_statistics(self.dispersions, summaries, refit, sources)
         return [{n: self.normalizers[n](f.float()) for n, f in chunk.items()} for chunk in features]
 
     def match(
@@ -238,7 +258,10 @@ class DistillationModule(pl.LightningModule):
         self, matches: Mapping[str, TeacherMatch], per_sample: bool = False
     ) -> dict[str, Tensor]:
         """Per-teacher loss terms ``"<teacher>/feature_loss"`` etc. (scalars, or ``[B]``)."""
-        return distillation_losses(matches, self.feature_loss, self.summary_loss, per_sample)
+        dispersions = {name: d.value() for name, d in self.dispersions.items()}
+        return distillation_losses(
+            matches, self.feature_loss, self.summary_loss, per_sample, dispersions
+        )
 
     def _shared_step(self, batch: Tensor | CachedBatch, stage: str) -> Tensor:
         train = stage == "train"
@@ -277,7 +300,8 @@ class DistillationModule(pl.LightningModule):
         return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:
-        if self.trainer.sanity_checking and not statistics_ready(self.normalizers):
+        ready = all(map(statistics_ready, self.teacher_statistics().values()))
+        if self.trainer.sanity_checking and not ready:
             return None  # a fresh stage has no teacher statistics before its first step
         return self._shared_step(batch, "val")
 

@@ -139,17 +139,24 @@ def distillation_losses(
     feature_loss: nn.Module,
     summary_loss: nn.Module,
     per_sample: bool = False,
+    dispersions: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc.
 
-    Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer).
+    Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer). ``dispersions``:
+    each teacher's summary dispersion ``Disp_y`` for an angle-balanced summary loss
+    (:class:`~radio_lit.losses.AngleBalanced`, C-RADIOv4 report eq. 7).
     """
     kwargs = {"per_sample": True} if per_sample else {}
+    dispersions = dispersions or {}
     losses: dict[str, Tensor] = {}
     for name, m in matches.items():
         losses[f"{name}/feature_loss"] = feature_loss(m.features, m.target, **kwargs)
         if m.summary is not None and m.summary_target is not None:
-            losses[f"{name}/summary_loss"] = summary_loss(m.summary, m.summary_target, **kwargs)
+            scale = {"dispersion": dispersions[name]} if name in dispersions else {}
+            losses[f"{name}/summary_loss"] = summary_loss(
+                m.summary, m.summary_target, **kwargs, **scale
+            )
     return losses
 
 
