@@ -7,6 +7,7 @@ students.sharding, export (checkpoints), cache (recorded teacher outputs).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from radio_lit.normalizers.statistics import (
 from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
 from radio_lit.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
 from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
+from radio_lit.shifts import PatchShifts, shift_view
 from radio_lit.step import (
     TeacherMatch,
     balanced_loss,
@@ -52,7 +54,7 @@ NormalizerFactory = Callable[[int], Normalizer]
 #: Modules and factories: recorded by the CLI's config.yaml, not in the checkpoint, so that
 #: checkpoints load with torch.load(weights_only=True).
 _NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
-_NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions")
+_NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions", "shifts")
 
 
 class DistillationModule(pl.LightningModule):
@@ -83,6 +85,9 @@ class DistillationModule(pl.LightningModule):
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: named teacher partitions with their own batch size, resolution(s) and
             ranks (AM-RADIO 4, PHI-S 3; default: one, RADIOv2.5 4.6); radio_lit.partitions.
+        shifts: shift-equivariant training (C-RADIOv4 report 2.3.1): every training step,
+            the student and each live teacher see their view shifted by whole patches, and
+            the feature loss is averaged over the overlap; ``None``: unshifted views.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class DistillationModule(pl.LightningModule):
         grid_policy: GridPolicy = "teacher",
         grid_policy_overrides: dict[str, GridPolicy] | None = None,
         partitions: dict[str, Partition] | None = None,
+        shifts: PatchShifts | None = None,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -145,6 +151,7 @@ class DistillationModule(pl.LightningModule):
         self.partitions = PartitionPlan(
             partitions, names, self.student_resolution, student.patch_size
         )
+        self.shifts = shifts
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
@@ -235,7 +242,11 @@ class DistillationModule(pl.LightningModule):
         features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
         if self.estimate_statistics:
             sources, refit = self.partitions.sources, self.refit_statistics
-            accumulate_statistics(self.normalizers, features, refit, sources)
+            seen = [  # tokens of shifted views that show the image only
+                {n: o.features if o.valid is None else o.features[o.valid] for n, o in c.items()}
+                for c in outputs
+            ]
+            accumulate_statistics(self.normalizers, seen, refit, sources)
             summaries = [
                 {n: o.summary for n, o in c.items() if o.summary is not None} for c in outputs
             ]
@@ -248,11 +259,25 @@ class DistillationModule(pl.LightningModule):
         outputs: Mapping[str, TeacherOutput],
         targets: Mapping[str, Tensor],
         student_resolution: tuple[int, int] | None = None,
+        shift: Tensor | None = None,
     ) -> dict[str, TeacherMatch]:
-        """The student on its view of ``crop``: its prediction of every teacher by the target."""
+        """The student on its view of ``crop`` (shifted by ``shift [B, 2]`` whole patches,
+        radio_lit.shifts): its prediction of every teacher by the target."""
         size = student_resolution or self.student_resolution
+        if shift is not None:
+            pixels = resize_view(crop, size)
+            crop = shift_view(pixels, shift, self.student.patch_size, self.student_mean)
         student = self.student(teacher_view(crop, size, self.student_mean, self.student_std))
-        return match_teachers(student, self.heads, outputs, targets, self.summary_token)
+        heads, token = self.heads, self.summary_token
+        return match_teachers(student, heads, outputs, targets, token, shift)
+
+    def shifted(self, chunk: Chunk, batch: Tensor | CachedBatch) -> Chunk:
+        """``chunk`` with this step's view shifts (radio_lit.shifts); a cached teacher's
+        outputs are of its unshifted view, so only live teachers are shifted."""
+        assert self.shifts is not None
+        live = () if isinstance(batch, CachedBatch) else chunk.teachers
+        shifts = self.shifts.chunk_shifts(chunk.crop.shape[0], live, chunk.crop.device)
+        return dataclasses.replace(chunk, shifts=shifts)
 
     def distillation_losses(
         self, matches: Mapping[str, TeacherMatch], per_sample: bool = False
@@ -267,10 +292,12 @@ class DistillationModule(pl.LightningModule):
         train = stage == "train"
         crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
+        if train and self.shifts is not None:  # shift-equivariant views
+            chunks = [self.shifted(c, batch) for c in chunks]
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
         matches = [  # student and heads
-            self.match(c.crop, out, target, c.resolution)
+            self.match(c.crop, out, target, c.resolution, c.shifts and c.shifts.student)
             for c, out, target in zip(chunks, outputs, targets, strict=True)
         ]
         terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss

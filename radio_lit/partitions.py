@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from radio_lit.shifts import ChunkShifts
 from radio_lit.students.heads import TeacherHeads
 
 
@@ -77,6 +78,8 @@ class Chunk:
             once whatever the number of ranks it is split over.
         rows: the rows of the rank's batch that ``crop`` holds (what else the batch carries
             for these images, e.g. cached teacher outputs, is sliced alike).
+        shifts: the views' shifts this step (shift-equivariant training, radio_lit.shifts);
+            ``None``: unshifted views.
     """
 
     partition: str
@@ -86,6 +89,7 @@ class Chunk:
     weight: float
     fraction: float = 1.0
     rows: slice = field(default_factory=lambda: slice(None))
+    shifts: ChunkShifts | None = None
 
 
 def assign_ranks(shares: Sequence[float], world_size: int) -> list[list[int]]:
