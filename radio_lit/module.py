@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
@@ -43,7 +44,9 @@ from radio_lit.step import (
     teacher_outputs,
     to_loss_grid,
 )
-from radio_lit.students import Student
+from radio_lit.students import Student, StudentOutput
+from radio_lit.students.damp import DAMP, weight_noise
+from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema, mesa_loss
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
 from radio_lit.students.spectral_reparam import request_power_iteration
@@ -55,6 +58,7 @@ NormalizerFactory = Callable[[int], Normalizer]
 #: checkpoints load with torch.load(weights_only=True).
 _NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
 _NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions", "shifts")
+_NOT_HYPERPARAMETERS += ("damp", "mesa")
 
 
 class DistillationModule(pl.LightningModule):
@@ -88,6 +92,10 @@ class DistillationModule(pl.LightningModule):
         shifts: shift-equivariant training (C-RADIOv4 report 2.3.1): every training step,
             the student and each live teacher see their view shifted by whole patches, and
             the feature loss is averaged over the overlap; ``None``: unshifted views.
+        damp: multiplicative weight noise on the student's linear layers in training
+            forwards (report 2.4; radio_lit.students.damp); ``None``: off.
+        mesa: an EMA student and the shift-equivariant MESA term (report 2.3.2;
+            radio_lit.students.ema); ``None``: no EMA.
     """
 
     def __init__(
@@ -112,6 +120,8 @@ class DistillationModule(pl.LightningModule):
         grid_policy_overrides: dict[str, GridPolicy] | None = None,
         partitions: dict[str, Partition] | None = None,
         shifts: PatchShifts | None = None,
+        damp: DAMP | None = None,
+        mesa: MESA | None = None,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -152,11 +162,16 @@ class DistillationModule(pl.LightningModule):
             partitions, names, self.student_resolution, student.patch_size
         )
         self.shifts = shifts
+        self.damp = damp
+        self.mesa = mesa
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
         if init_from is not None:
             self.load_student_weights(init_from)
+        self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
+        if mesa is not None:
+            self.register_load_state_dict_pre_hook(fill_missing_ema)
 
     def load_student_weights(self, checkpoint: str) -> None:
         """Take the student and head weights of an earlier stage's checkpoint (weights only;
@@ -263,13 +278,53 @@ class DistillationModule(pl.LightningModule):
     ) -> dict[str, TeacherMatch]:
         """The student on its view of ``crop`` (shifted by ``shift [B, 2]`` whole patches,
         radio_lit.shifts): its prediction of every teacher by the target."""
-        size = student_resolution or self.student_resolution
+        student = self.run_student(crop, student_resolution, shift)
+        heads, token = self.heads, self.summary_token
+        return match_teachers(student, heads, outputs, targets, token, shift)
+
+    def run_student(
+        self,
+        crop: Tensor,
+        resolution: tuple[int, int] | None = None,
+        shift: Tensor | None = None,
+        student: nn.Module | None = None,
+    ) -> StudentOutput:
+        """``student`` (default: the live one, with DAMP's weight noise in training) on its
+        view of ``crop`` at ``resolution``, shifted by ``shift [B, 2]`` whole patches."""
+        size = resolution or self.student_resolution
         if shift is not None:
             pixels = resize_view(crop, size)
             crop = shift_view(pixels, shift, self.student.patch_size, self.student_mean)
-        student = self.student(teacher_view(crop, size, self.student_mean, self.student_std))
-        heads, token = self.heads, self.summary_token
-        return match_teachers(student, heads, outputs, targets, token, shift)
+        view = teacher_view(crop, size, self.student_mean, self.student_std)
+        if student is not None:
+            return student(view)
+        with weight_noise(self.damp, self.student, self.training):
+            return self.student(view)
+
+    def mesa_term(self, chunk: Chunk, online: StudentOutput) -> Tensor:
+        """The MESA term of a chunk (report 2.3.2; radio_lit.students.ema): the EMA student
+        on its own view (its own shift, drawn like the student's) against ``online``."""
+        assert self.mesa is not None and self.ema is not None
+        shift = chunk.shifts.student if chunk.shifts is not None else None
+        ema_shift = None
+        if self.shifts is not None and self.shifts.student:
+            ema_shift = self.shifts.draw(chunk.crop.shape[0]).to(chunk.crop.device)
+        with torch.no_grad():
+            ema = self.run_student(chunk.crop, chunk.resolution, ema_shift, self.ema.student)
+        maps, ema_maps = {}, {}
+        if self.mesa.applies_to in ("backbone", "both"):
+            maps["backbone"], ema_maps["backbone"] = online.features, ema.features
+        if self.mesa.applies_to in ("heads", "both"):
+            for name in chunk.teachers:
+                maps[name] = self.heads[name].features(online.features)
+                with torch.no_grad():
+                    ema_maps[name] = self.ema.heads[name].features(ema.features)
+        return mesa_loss(maps, ema_maps, shift, ema_shift)
+
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        """After each optimizer step: the EMA student follows (report 2.3.2)."""
+        if self.ema is not None:
+            self.ema.update(self.student, self.heads)
 
     def shifted(self, chunk: Chunk, batch: Tensor | CachedBatch) -> Chunk:
         """``chunk`` with this step's view shifts (radio_lit.shifts); a cached teacher's
@@ -296,12 +351,24 @@ class DistillationModule(pl.LightningModule):
             chunks = [self.shifted(c, batch) for c in chunks]
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
-        matches = [  # student and heads
-            self.match(c.crop, out, target, c.resolution, c.shifts and c.shifts.student)
-            for c, out, target in zip(chunks, outputs, targets, strict=True)
+        shifts = [c.shifts.student if c.shifts is not None else None for c in chunks]
+        students = [  # student (DAMP noise in training)
+            self.run_student(c.crop, c.resolution, shift)
+            for c, shift in zip(chunks, shifts, strict=True)
+        ]
+        matches = [  # heads
+            match_teachers(s, self.heads, out, target, self.summary_token, shift)
+            for s, out, target, shift in zip(students, outputs, targets, shifts, strict=True)
         ]
         terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss
         loss = balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
+        if train and self.mesa is not None and self.mesa.weight > 0:  # EMA student
+            mesa = sum(
+                c.weight * self.mesa_term(c, s) for c, s in zip(chunks, students, strict=True)
+            )
+            loss = loss + self.mesa.weight * mesa
+            if logs_this_step(self._trainer):
+                self.log("train/mesa_loss", mesa, batch_size=crop.shape[0])
         if train:  # every head in every rank's backward (DDP)
             idle = self.partitions.idle_teachers()
             loss = loss + idle_heads_term(self.heads, idle, self.student.embed_dim).to(loss)
