@@ -55,12 +55,19 @@ class Partition:
             step from torch's global RNG (RADIOv2.5 4.2 multi-resolution training);
             ``None``: ``model.student_resolution``.
         rank_share: relative share of the ranks (and of the update, see the module docstring).
+        probabilities: the chance of each of ``resolutions`` in a step's draw (C-RADIOv4
+            report 2.2: per-step draws within each partition; the report gives none);
+            ``None``: uniform.
+        eval_resolution: the side the partition is validated at; ``None``: the first of
+            ``resolutions``.
     """
 
     teachers: list[str] | None = None
     batch_size: int | None = None
     resolutions: list[int] | None = None
     rank_share: float = 1.0
+    probabilities: list[float] | None = None
+    eval_resolution: int | None = None
 
 
 @dataclass
@@ -183,6 +190,20 @@ class PartitionPlan:
                     f"{key}.resolutions={sides} must list positive multiples of the student's "
                     f"patch size {patch_size}"
                 )
+            chances = part.probabilities
+            if chances is not None and (
+                len(chances) != len(sizes) or min(chances) < 0 or not sum(chances) > 0
+            ):
+                raise ValueError(
+                    f"{key}.probabilities={chances} must give one chance >= 0 per resolution "
+                    f"({len(sizes)}), not all 0"
+                )
+            evaluated = part.eval_resolution
+            if evaluated is not None and (evaluated < 1 or evaluated % patch_size):
+                raise ValueError(
+                    f"{key}.eval_resolution={evaluated} must be a positive multiple of the "
+                    f"student's patch size {patch_size}"
+                )
             self.partitions[name] = part
             self.resolutions[name] = sizes
             self.members[name] = tuple(t for t in self.teachers if t in members)
@@ -256,9 +277,10 @@ class PartitionPlan:
         """This rank's chunks of the crops ``[B, 3, S, S]`` for one step.
 
         Training: the rank's partitions take consecutive slices of the batch, each draws one of
-        its resolutions (torch's global RNG) and is weighted ``s_p W / |R_p|``. Evaluation:
-        every partition runs on the whole batch at its first resolution, weighted ``s_p``, so
-        that every teacher is evaluated on every rank.
+        its resolutions (torch's global RNG; with its ``probabilities``) and is weighted
+        ``s_p W / |R_p|``. Evaluation: every partition runs on the whole batch at its
+        ``eval_resolution`` (default: its first resolution), weighted ``s_p``, so that every
+        teacher is evaluated on every rank.
         """
         placement = self.placement
         total_share = sum(p.rank_share for p in self.partitions.values())
@@ -267,7 +289,9 @@ class PartitionPlan:
             share = part.rank_share / total_share
             sizes = self.resolutions[name]
             if not train:
-                chunks.append(Chunk(name, crop, self.members[name], sizes[0], share))
+                side = part.eval_resolution
+                size = sizes[0] if side is None else (side, side)
+                chunks.append(Chunk(name, crop, self.members[name], size, share))
                 continue
             ranks = placement.ranks[name]
             if placement.rank not in ranks:
@@ -280,7 +304,7 @@ class PartitionPlan:
                     f"per step but the batch holds {crop.shape[0]}: set data.init_args."
                     f"batch_size to at least {self.rank_batch_size()}"
                 )
-            pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
+            pick = self._draw(name) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
             rows = slice(start, stop)
             chunks.append(
@@ -290,6 +314,13 @@ class PartitionPlan:
             )
             start = stop
         return chunks
+
+    def _draw(self, name: str) -> int:
+        """The index of partition ``name``'s resolution this step (torch's global RNG)."""
+        chances = self.partitions[name].probabilities
+        if chances is None:
+            return int(torch.randint(len(self.resolutions[name]), ()))
+        return int(torch.multinomial(torch.tensor(chances, dtype=torch.float), 1))
 
     def check_strategy(self, strategy: object) -> None:
         """Refuse strategies under which these partitions would silently go wrong.
