@@ -202,12 +202,16 @@ class DistillationModule(pl.LightningModule):
                         statistics[name].set_process_group(group, source)
 
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``, shard the student and heads (FSDP2; teachers stay
-        replicated, :func:`radio_lit.students.sharding.shard_for_training`)."""
+        """Under ``ModelParallelStrategy``, shard the student and heads and their EMA copy
+        (FSDP2; teachers stay replicated; radio_lit.students.sharding.shard_for_training)."""
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
             shard_for_training(self.student, self.heads.values(), self.balancer, mesh, bf16)
+            if self.ema is not None:  # sharded alike, so that its update pairs shard with shard
+                shard_for_training(
+                    self.ema.student, self.ema.heads.values(), nn.Module(), mesh, bf16
+                )
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""

@@ -32,6 +32,10 @@ from radio_lit.normalizers.base import _all_reduce, broadcast_buffers
 
 __all__ = ["AngleBalanced", "AngularDispersion", "angle", "summary_dispersions"]
 
+#: The smallest estimated dispersion (rad²) ``[choice]``: a teacher whose summaries all point
+#: one way (a randomly initialised toy teacher) would otherwise divide by ~0.
+MIN_DISPERSION = 1e-6
+
 
 def angle(x: Tensor, y: Tensor) -> Tensor:
     """The angle ``Θ(x, y)`` in radians along the last dim, ``[..., C] -> [...]`` (eq. 4).
@@ -134,7 +138,7 @@ class AngularDispersion(nn.Module):
                 "were accumulated: add radio_lit.callbacks.TeacherStatsEstimation to the trainer "
                 "callbacks, or give the dispersion in model.summary_loss.init_args.dispersion"
             )
-        self.dispersion.copy_(self.angle_sum / self.count)
+        self.dispersion.copy_((self.angle_sum / self.count).clamp_min(MIN_DISPERSION))
         self.fitted.fill_(True)
         self._is_fitted = True
 
