@@ -155,3 +155,14 @@ def test_zero_shift_is_todays_training_bit_for_bit(tmp_path):
         plain["student.patch_embed.proj.weight"],
         shifted["student.patch_embed.proj.weight"],
     )
+
+
+@pytest.mark.parametrize("policy", ["student", "larger"])
+def test_shifts_work_with_every_grid_policy(tmp_path, policy):
+    """Teacher maps resampled to the loss grid carry their overlap mask along: a zero shift
+    is still the unshifted run, and real shifts train."""
+    plain = _fit(tmp_path / "plain", grid_policy=policy)
+    zero = _fit(tmp_path / "zero", grid_policy=policy, shifts=PatchShifts(std=0.0))
+    assert all(torch.equal(plain[k], zero[k]) for k in plain)
+    shifted = _fit(tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform"))
+    assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
