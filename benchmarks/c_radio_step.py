@@ -4,7 +4,9 @@ One process, ``configs/quickstart-c-radio.yaml`` read with radio-lit's own CLI p
 once per side: **all on** (the config: shifted views, angle-balanced summaries, EMA student
 and MESA, DAMP) and **today** (the same config with ``model.shifts``, ``model.mesa`` and
 ``model.damp`` null and the cosine summary loss); ``--parts`` adds one side per part alone.
-Both sides keep the config's partitions and ViTDet windows (older options). Timing is
+Both sides keep the config's partitions and ViTDet windows (older options), each partition
+at one resolution (its largest: 64 and 128 px), since the sides draw different random numbers
+and a per-step resolution draw would then differ between them. Timing is
 benchmarks/cache.py's: a real ``Trainer`` per fit, the time between consecutive
 ``on_train_batch_start`` calls, sides interleaved over ``--repeats`` fits, the first
 ``--warmup`` steps of each fit dropped, medians compared; statistics fitted once on one batch
@@ -46,6 +48,11 @@ def _build(*overrides: str) -> Any:
     from radio_lit.cli import RadioLitCLI
 
     quiet = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.accelerator=cpu"]
+    quiet += [
+        "--model.partitions.low.resolutions=[64]",
+        "--model.partitions.high.resolutions=[128]",
+        "--model.partitions.high.probabilities=null",
+    ]
     cli = RadioLitCLI(run=False, args=["--config", _CONFIG, *quiet, *overrides])
     _quiet()
     return cli
