@@ -54,6 +54,11 @@ def main(argv: list[str]) -> None:
         help="ONNX example input size, the graph's fixed size where H, W cannot be dynamic "
         "(E-RADIO; default: the training resolution)",
     )
+    parser.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA student and heads (runs with model.mesa) instead of the raw weights",
+    )
     args = parser.parse_args(argv)
     stem = args.output
     if stem is None:
@@ -64,7 +69,7 @@ def main(argv: list[str]) -> None:
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
         bar.set_postfix_str("fold normalizers")
-        model = checkpoint_inference_model(args.checkpoint, args.config)
+        model = checkpoint_inference_model(args.checkpoint, args.config, args.ema)
         bar.update()
         if "radio" in formats:
             bar.set_postfix_str("write .pth")

@@ -28,10 +28,13 @@ class TeacherOutput:
     Attributes:
         summary: ``[B, C_s]`` image-level vector, or ``None`` (SAM).
         features: ``[B, H, W, C]`` patch features on the teacher's grid.
+        valid: ``[B, H, W]`` bool, the tokens that show the image when the teacher saw a
+            shifted view (:mod:`radio_lit.shifts`); ``None``: every token.
     """
 
     summary: Tensor | None
     features: Tensor
+    valid: Tensor | None = None
 
 
 class Teacher(nn.Module):

@@ -55,6 +55,20 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.logger", "false"],
         ["trainer:", "LearningRateMonitor", "no logger"],
     ),
+    "negative shift spread": (
+        [*FIT, "--model.shifts", "radio_lit.shifts.PatchShifts", "--model.shifts.std", "-1"],
+        ["model.shifts.init_args", "std (-1.0)", "must be >= 0"],
+    ),
+    "a fixed summary dispersion for a teacher without a summary": (
+        [
+            *FIT,
+            "--model.summary_loss",
+            "radio_lit.losses.AngleBalanced",
+            "--model.summary_loss.dispersion",
+            "{sam: 1.0}",
+        ],
+        ["model.summary_loss.init_args.dispersion", "['sam']", "not teachers with a summary"],
+    ),
     "empty image folder": (
         [*FIT, "--data.init_args.train_dir", "{tmp}/empty"],
         ["data.init_args.train_dir", "no images found"],
