@@ -4,18 +4,25 @@ Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
 adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
 with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
-writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`).
+writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`); ``--format hf`` writes the folder
+``--output`` (default ``<run>/export/hf``): a Hugging Face model with its card
+(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import yaml
 from tqdm.auto import tqdm
 
 from radio_lit.errors import CommandParser, checkpoint_file
-from radio_lit.export.checkpoint import checkpoint_inference_model
+from radio_lit.export.card import model_card, run_metrics
+from radio_lit.export.checkpoint import checkpoint_inference_model, run_config
 from radio_lit.export.files import save_radio, save_safetensors
+from radio_lit.export.hf import save_hf, select_heads
+from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
 
 
@@ -35,13 +42,22 @@ def main(argv: list[str]) -> None:
         "--output",
         type=Path,
         default=None,
-        help="output path without suffix (default: <run>/export/<checkpoint name>)",
+        help="output path without suffix (default: <run>/export/<checkpoint name>); the "
+        "folder for --format hf (default: <run>/export/hf)",
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors", "onnx"],
+        choices=["both", "radio", "safetensors", "onnx", "hf"],
         default="both",
-        help="which files to write: both = radio and safetensors (default: both)",
+        help="which files to write: both = radio and safetensors; hf = a Hugging Face model "
+        "folder with its model card (default: both)",
+    )
+    parser.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        metavar="TEACHER",
+        help="--format hf: the teachers whose adaptor heads the folder keeps (default: all)",
     )
     parser.add_argument(
         "--resolution",
@@ -54,6 +70,11 @@ def main(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     checkpoint_file(args.checkpoint, "checkpoint")
+    if args.format == "hf":
+        folder = args.output or args.checkpoint.parent.parent / "export" / "hf"
+        for path in export_hf(args.checkpoint, folder, args.config, args.heads):
+            print(path)
+        return
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
@@ -78,3 +99,32 @@ def main(argv: list[str]) -> None:
             bar.update()
     for path in written:
         print(path)
+
+
+def export_hf(
+    checkpoint: Path, folder: Path, config: Path | None = None, heads: list[str] | None = None
+) -> list[Path]:
+    """Write the Hugging Face folder of a training checkpoint, its card written from the run
+    (the config's teachers, recipe and data; the metrics in the run folder's TensorBoard logs).
+    """
+    config = config or run_config(checkpoint)
+    with tqdm(total=3, unit="step", desc="export", dynamic_ncols=True) as bar:
+        bar.set_postfix_str("fold normalizers")
+        model: RadioLitModel = select_heads(checkpoint_inference_model(checkpoint, config), heads)
+        bar.update()
+        bar.set_postfix_str("read the run's logs")
+        step = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True).get(
+            "global_step"
+        )
+        card = model_card(
+            folder.resolve().name,
+            model.config,
+            yaml.safe_load(Path(config).read_text()),
+            step,
+            run_metrics(checkpoint.parent.parent),
+        )
+        bar.update()
+        bar.set_postfix_str("write the folder")
+        written = save_hf(model, folder, card)
+        bar.update()
+    return written

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from radio_lit.export.convert import radio_incompatibilities
+from radio_lit.export.hf import CONFIG_NAME, WEIGHTS_NAME, read_hf
 from radio_lit.export.model import RadioLitModel
 
 RADIO_SUFFIXES = (".pth", ".pt", ".tar")
+#: A Hugging Face Hub model id, ``owner/name``.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+#: What ``radio_lit.load`` downloads of a Hub repository.
+HF_FILES = [CONFIG_NAME, WEIGHTS_NAME]
 
 
 def save_radio(model: RadioLitModel, path: str | Path) -> Path:
@@ -68,7 +74,8 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
 
 
 def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
-    """The inference model of an export or a training checkpoint, in eval mode on the CPU.
+    """The inference model of an export, a training checkpoint or a Hugging Face model, in eval
+    mode on the CPU.
 
     ``model(images)`` takes ``[B, 3, H, W]`` images in ``[0, 1]`` and returns
     ``{"backbone": TeacherOutput, <teacher>: TeacherOutput}``, teacher outputs in each
@@ -76,13 +83,21 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
 
     Args:
         path: ``<stem>.safetensors`` (with ``<stem>.json`` beside it), a RADIO-format
-            ``.pth`` from ``radio-lit export``, or a training ``.ckpt`` (exported on the fly).
+            ``.pth`` from ``radio-lit export``, a training ``.ckpt`` (exported on the fly), a
+            folder from ``radio-lit export --format hf``, or the Hub id of such a folder
+            (``owner/name``, downloaded with ``huggingface_hub`` into its cache).
         pad: accept any resolution, zero-padding the normalized image to a multiple of the
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
     path = Path(path)
+    if path.is_dir():
+        return read_hf(path, pad=pad)
     if not path.is_file():
+        if HUB_ID.fullmatch(str(path)):
+            from huggingface_hub import snapshot_download
+
+            return read_hf(snapshot_download(str(path), allow_patterns=HF_FILES), pad=pad)
         raise FileNotFoundError(f"{path} does not exist")
     if path.suffix == ".ckpt":
         from radio_lit.export.checkpoint import checkpoint_inference_model

@@ -1,0 +1,137 @@
+"""A Hugging Face model folder: ``config.json``, ``model.safetensors``,
+``preprocessor_config.json`` and a model card ``README.md``.
+
+``transformers.AutoModel.from_pretrained(folder)`` loads it with radio-lit imported
+(:mod:`radio_lit.hf` registers the classes; no remote code), and so does
+``radio_lit.load(folder)`` (without transformers); a Hub id works for both once the folder is
+pushed (``huggingface_hub.upload_folder``).
+
+- ``config.json``: :class:`~radio_lit.hf.configuration.RadioLitConfig`, whose ``radio`` entry
+  is the export's RADIO config (the ``.json`` of a safetensors export) and ``adaptors`` the
+  adaptor MLPs' widths.
+- ``model.safetensors``: the inference model's weights under ``radio_model.*`` (radio-lit's
+  layer names), every teacher's normalizer folded into its feature head (PHI-S A.6).
+- ``preprocessor_config.json``: a ``CLIPImageProcessor`` resizing to the preferred
+  resolution and rescaling to ``[0, 1]`` without normalizing (the model applies its pixel
+  statistics itself, as RADIO does), plus the input contract under ``radio_lit``: input
+  range, pixel mean and std, patch size, preferred and supported resolutions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from radio_lit.export.model import RadioLitModel, adaptor_shapes, from_radio_keys, to_radio_keys
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+PREPROCESSOR_NAME = "preprocessor_config.json"
+CARD_NAME = "README.md"
+_PREFIX = "radio_model."
+
+
+def select_heads(model: RadioLitModel, teachers: list[str] | None) -> RadioLitModel:
+    """``model`` with only the adaptor heads of ``teachers`` (all if ``None``), in its order.
+
+    Raises:
+        ValueError: naming a teacher the model does not have.
+    """
+    if teachers is None:
+        return model
+    unknown = [t for t in teachers if t not in model.teacher_names]
+    if unknown:
+        raise ValueError(
+            f"--heads: the model has no teacher {unknown[0]!r}; choose among {model.teacher_names}"
+        )
+    config = json.loads(json.dumps(model.config))
+    config["teachers"] = [t for t in config["teachers"] if t["name"] in teachers]
+    dropped = tuple(
+        f"{group}.{name}."
+        for name in model.teacher_names
+        if name not in teachers
+        for group in ("_heads", "_feature_projections")
+    )
+    state = {k: v for k, v in model.radio_state_dict().items() if not k.startswith(dropped)}
+    return RadioLitModel.from_radio(config, state, pad=model.pad).to(_device(model))
+
+
+def preprocessor_config(model: RadioLitModel) -> dict[str, Any]:
+    """The ``preprocessor_config.json`` of ``model`` (see the module docstring)."""
+    extras = model.config["radio_lit"]
+    height, width = (int(side) for side in extras["preferred_resolution"])
+    conditioner = model.input_conditioner
+    patch = model.patch_size
+    supported: dict[str, Any] = {"multiple_of": patch, "min": patch}
+    if "cpe_max_size" in model.config:
+        supported["cpe_max"] = int(model.config["cpe_max_size"])
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "do_resize": True,
+        "size": {"height": height, "width": width},
+        "resample": 3,
+        "do_center_crop": False,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": False,
+        "do_convert_rgb": True,
+        "radio_lit": {
+            "input_range": [0.0, 1.0],
+            "pixel_mean": conditioner.norm_mean.flatten().tolist(),
+            "pixel_std": conditioner.norm_std.flatten().tolist(),
+            "patch_size": patch,
+            "preferred_resolution": [height, width],
+            "supported_resolutions": supported,
+        },
+    }
+
+
+def save_hf(model: RadioLitModel, folder: str | Path, card: str) -> list[Path]:
+    """Write ``model`` as a Hugging Face model folder with the model card ``card``.
+
+    Returns:
+        the written files.
+    """
+    from radio_lit.hf.configuration import RadioLitConfig
+    from radio_lit.hf.modeling import RadioLitHFModel
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = model.radio_state_dict()
+    config = RadioLitConfig(
+        radio=json.loads(json.dumps(model.config)),
+        adaptors=adaptor_shapes(model.config, state),
+        architectures=[RadioLitHFModel.__name__],
+    )
+    hf_model = RadioLitHFModel(config)
+    hf_model.radio_model.load_state_dict(from_radio_keys(state), strict=True)
+    hf_model.save_pretrained(folder)
+    (folder / PREPROCESSOR_NAME).write_text(json.dumps(preprocessor_config(model), indent=2) + "\n")
+    (folder / CARD_NAME).write_text(card)
+    return [folder / name for name in (CONFIG_NAME, WEIGHTS_NAME, PREPROCESSOR_NAME, CARD_NAME)]
+
+
+def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:
+    """The :class:`RadioLitModel` of a folder :func:`save_hf` wrote (transformers not needed)."""
+    folder = Path(folder)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {name}: expected a folder written by radio-lit export --format hf"
+            )
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    if "radio" not in config:
+        raise ValueError(
+            f"{folder / CONFIG_NAME} was not written by radio-lit export (no 'radio' entry, "
+            f"model_type {config.get('model_type')!r})"
+        )
+    weights = load_file(str(folder / WEIGHTS_NAME))
+    state = {k[len(_PREFIX) :]: v for k, v in weights.items() if k.startswith(_PREFIX)}
+    return RadioLitModel.from_radio(config["radio"], to_radio_keys(state), pad=pad)
+
+
+def _device(model: RadioLitModel) -> Any:
+    return next(model.parameters()).device
