@@ -109,11 +109,16 @@ class SampleSegmentation(Dataset[SegmentationItem]):
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        self.photos = [pil_to_tensor(load_rgb(p)) for p in list_images(sample_images_dir())]
+        # The photographs at twice the canvas' long side: crops cost little to resize.
+        side = 2 * max(size)
+        self.photos = [
+            pil_to_tensor(_shrink(load_rgb(p), side)) for p in list_images(sample_images_dir())
+        ]
         if not 1 <= regions <= len(self.photos):
             raise ValueError(f"regions must be in 1..{len(self.photos)}, got {regions}")
         self.seed = SPLITS.index(split)
         self.count, self.size, self.regions, self.border = count, tuple(size), regions, border
+        self._items: dict[int, SegmentationItem] = {}  # drawn once, then reused
 
     @property
     def num_classes(self) -> int:
@@ -123,6 +128,11 @@ class SampleSegmentation(Dataset[SegmentationItem]):
         return self.count
 
     def __getitem__(self, i: int) -> SegmentationItem:
+        if i not in self._items:
+            self._items[i] = self._draw(i)
+        return self._items[i]
+
+    def _draw(self, i: int) -> SegmentationItem:
         generator = torch.Generator().manual_seed(1_000_003 * self.seed + i)
         height, width = self.size
         centres = torch.rand(self.regions, 2, generator=generator) * torch.tensor([height, width])
@@ -142,6 +152,14 @@ class SampleSegmentation(Dataset[SegmentationItem]):
             gap = (nearest.values[:, 1] - nearest.values[:, 0]).view(height, width)
             labels[gap < self.border] = 0
         return image, labels
+
+
+def _shrink(image: Image.Image, side: int) -> Image.Image:
+    """``image`` with its short side at most ``side`` (aspect kept)."""
+    scale = side / min(image.size)
+    if scale >= 1:
+        return image
+    return image.resize((round(image.width * scale), round(image.height * scale)), Image.BICUBIC)
 
 
 def _random_crop(photo: Tensor, size: tuple[int, int], generator: torch.Generator) -> Tensor:

@@ -10,6 +10,7 @@ that the model was not evaluated. Its YAML front matter is the Hub's card metada
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,13 @@ LICENCES = (
 )
 _RANDOM = "none: random weights, not pretrained"
 _METRIC_PREFIXES = ("val/", "eval/")
+#: Curves' points (``<tag>/step_<training step>``, x = student resolution) are no final metric.
+_CURVE_POINT = re.compile(r"/step_\d+$")
+#: The headline results in the card's ``model-index``: (tag pattern, Hub task type).
+HEADLINE = (
+    (re.compile(r"eval/segmentation/.+/miou_\d+"), "image-segmentation"),
+    (re.compile(r"eval/(knn|zero_shot)/.+/top1"), "image-classification"),
+)
 
 
 def teacher_source(spec: Mapping[str, Any] | str) -> tuple[str, str, str]:
@@ -61,7 +69,7 @@ def teacher_source(spec: Mapping[str, Any] | str) -> tuple[str, str, str]:
 
 def run_metrics(run_dir: str | Path) -> dict[str, tuple[int, float]]:
     """``{tag: (step, value)}``: the last value of each ``val/`` and ``eval/`` scalar in the
-    TensorBoard event files under ``run_dir``."""
+    TensorBoard event files under ``run_dir`` (curve points left out)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found: dict[str, tuple[float, int, float]] = {}
@@ -69,7 +77,7 @@ def run_metrics(run_dir: str | Path) -> dict[str, tuple[int, float]]:
         accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
-            if not tag.startswith(_METRIC_PREFIXES):
+            if not tag.startswith(_METRIC_PREFIXES) or _CURVE_POINT.search(tag):
                 continue
             last = accumulator.Scalars(tag)[-1]
             if tag not in found or (last.step, last.wall_time) >= found[tag][1::-1]:
@@ -108,18 +116,23 @@ def model_card(
         "license": "other",
         "license_name": "see-teacher-licences",
     }
-    scores = [(tag, v) for tag, v in metrics.items() if tag.startswith("eval/")]
+    scores = [
+        (tag, task, value)
+        for tag, (_, value) in metrics.items()
+        for pattern, task in HEADLINE
+        if pattern.fullmatch(tag)
+    ]
     if scores:
         front["model-index"] = [
             {
                 "name": name,
                 "results": [
                     {
-                        "task": {"type": _task(tag)},
+                        "task": {"type": task},
                         "dataset": {"name": "as configured in the run", "type": "custom"},
                         "metrics": [{"type": tag, "value": round(value, 4), "name": tag}],
                     }
-                    for tag, (_, value) in scores
+                    for tag, task, value in scores
                 ],
             }
         ]
@@ -175,7 +188,7 @@ def model_card(
     lines += ["", "## Recipe", ""]
     lines.append(f"- optimizer steps: {step if step is not None else 'unknown'}")
     for key in ("student_resolution", "normalizer", "loss", "balancer", "optimizer"):
-        if key in model:
+        if model.get(key) is not None:
             lines.append(f"- {key}: `{_inline(model[key])}`")
     lines += ["", "## Data", ""]
     data = run_config.get("data")
@@ -189,15 +202,8 @@ def model_card(
     return "\n".join(lines) + "\n"
 
 
-def _task(tag: str) -> str:
-    measure = tag.split("/")[1] if tag.count("/") else tag
-    if measure == "segmentation":
-        return "image-segmentation"
-    if measure in ("knn", "zero_shot"):
-        return "image-classification"
-    return "image-feature-extraction"
-
-
 def _inline(value: Any) -> str:
-    """A config value on one line (flow-style YAML)."""
+    """A config value on one line (flow-style YAML for mappings and lists)."""
+    if not isinstance(value, (dict, list)):
+        return str(value)
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()

@@ -31,7 +31,8 @@ def hf_run(trained, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     checkpoint = saved_run(trained, run)
     writer = SummaryWriter(str(run))
     for step, value in [(50, 0.2), (100, 0.375)]:
-        writer.add_scalar("eval/segmentation/backbone/miou@64px", value, step)
+        writer.add_scalar("eval/segmentation/backbone/miou_64", value, step)
+        writer.add_scalar("eval/mode_switching/dino/mse/step_2", value, 64)  # a curve point
     writer.add_scalar("val/fidelity_geomean", 1.5, 100)
     writer.add_scalar("train/loss", 3.0, 100)
     writer.close()
@@ -114,7 +115,8 @@ def test_card_names_the_teachers_and_shows_the_run_metrics(hf_run) -> None:
     assert result["metrics"][0]["value"] == 0.375
     for teacher in ("| clip | OpenCLIPTeacher |", "| dino | DINOv2Teacher |", "| sam |"):
         assert teacher in body
-    assert "| eval/segmentation/backbone/miou@64px | 0.375 | 100 |" in body
+    assert "| eval/segmentation/backbone/miou_64 | 0.375 | 100 |" in body
+    assert "step_2" not in card  # curve points are no final metric
     assert "| val/fidelity_geomean | 1.5 | 100 |" in body and "train/loss" not in body
 
 
