@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from radio_lit.evaluation.data import rank_batches, world
 from radio_lit.evaluation.segmentation_data import (
     IGNORE,
     SAMPLE_SEGMENTATION,
+    SPLITS,
     image_sizes,
     random_scale_crop,
     resize_short_side,
@@ -137,6 +139,15 @@ class SegmentationProbe(Evaluation):
                 f"resolution, got stride={stride}, num_classes={num_classes}, "
                 f"resolutions={list(resolutions)}"
             )
+        if root != SAMPLE_SEGMENTATION:
+            missing = [s for s in SPLITS if not (Path(root).expanduser() / "images" / s).is_dir()]
+            if missing:
+                raise FileNotFoundError(
+                    f"SegmentationProbe root: {root} has no images/{missing[0]}/ folder; point "
+                    "root at a folder in ADE20k's layout (images/{training,validation}/*.jpg, "
+                    "annotations/{training,validation}/*.png), e.g. ADEChallengeData2016, or "
+                    f"use {SAMPLE_SEGMENTATION!r}"
+                )
         self.root, self.num_classes, self.output = root, num_classes, output
         self.resolutions = [int(r) for r in resolutions]
         self.steps, self.warmup_steps, self.batch_size, self.lr = (

@@ -7,7 +7,8 @@
   :func:`checkpoint_inference_model` (from a ``.ckpt`` and its config): a
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
 - :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`, :func:`save_hf` (a
-  Hugging Face folder with its :func:`model_card`); :func:`load` (also ``radio_lit.load``).
+  Hugging Face folder with its :func:`model_card`; :func:`export_hf` from a checkpoint);
+  :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.export.cli`).
 """
 
@@ -21,13 +22,14 @@ from radio_lit.export.convert import (
 )
 from radio_lit.export.files import load, read_radio, read_safetensors, save_radio, save_safetensors
 from radio_lit.export.fold import fold_affine, fold_normalizer
-from radio_lit.export.hf import read_hf, save_hf, select_heads
+from radio_lit.export.hf import export_hf, read_hf, save_hf, select_heads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
 
 __all__ = [
     "RadioLitModel",
     "checkpoint_inference_model",
+    "export_hf",
     "fold_affine",
     "fold_normalizer",
     "inference_model",

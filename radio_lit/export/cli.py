@@ -13,16 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-import yaml
 from tqdm.auto import tqdm
 
 from radio_lit.errors import CommandParser, checkpoint_file
-from radio_lit.export.card import model_card, run_metrics
-from radio_lit.export.checkpoint import checkpoint_inference_model, run_config
+from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
-from radio_lit.export.hf import save_hf, select_heads
-from radio_lit.export.model import RadioLitModel
+from radio_lit.export.hf import export_hf
 from radio_lit.export.onnx import save_onnx
 
 
@@ -99,32 +95,3 @@ def main(argv: list[str]) -> None:
             bar.update()
     for path in written:
         print(path)
-
-
-def export_hf(
-    checkpoint: Path, folder: Path, config: Path | None = None, heads: list[str] | None = None
-) -> list[Path]:
-    """Write the Hugging Face folder of a training checkpoint, its card written from the run
-    (the config's teachers, recipe and data; the metrics in the run folder's TensorBoard logs).
-    """
-    config = config or run_config(checkpoint)
-    with tqdm(total=3, unit="step", desc="export", dynamic_ncols=True) as bar:
-        bar.set_postfix_str("fold normalizers")
-        model: RadioLitModel = select_heads(checkpoint_inference_model(checkpoint, config), heads)
-        bar.update()
-        bar.set_postfix_str("read the run's logs")
-        step = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True).get(
-            "global_step"
-        )
-        card = model_card(
-            folder.resolve().name,
-            model.config,
-            yaml.safe_load(Path(config).read_text()),
-            step,
-            run_metrics(checkpoint.parent.parent),
-        )
-        bar.update()
-        bar.set_postfix_str("write the folder")
-        written = save_hf(model, folder, card)
-        bar.update()
-    return written

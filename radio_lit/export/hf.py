@@ -4,7 +4,8 @@
 ``transformers.AutoModel.from_pretrained(folder)`` loads it with radio-lit imported
 (:mod:`radio_lit.hf` registers the classes; no remote code), and so does
 ``radio_lit.load(folder)`` (without transformers); a Hub id works for both once the folder is
-pushed (``huggingface_hub.upload_folder``).
+pushed (``huggingface_hub.upload_folder``). :func:`export_hf` writes it from a training
+checkpoint (``radio-lit export CKPT --format hf``), :func:`save_hf` from an inference model.
 
 - ``config.json``: :class:`~radio_lit.hf.configuration.RadioLitConfig`, whose ``radio`` entry
   is the export's RADIO config (the ``.json`` of a safetensors export) and ``adaptors`` the
@@ -23,8 +24,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
 from safetensors.torch import load_file
+from tqdm.auto import tqdm
 
+from radio_lit.export.card import model_card, run_metrics
+from radio_lit.export.checkpoint import checkpoint_inference_model, run_config
 from radio_lit.export.model import RadioLitModel, adaptor_shapes, from_radio_keys, to_radio_keys
 
 CONFIG_NAME = "config.json"
@@ -135,3 +141,42 @@ def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:
 
 def _device(model: RadioLitModel) -> Any:
     return next(model.parameters()).device
+
+
+def export_hf(
+    checkpoint: str | Path,
+    folder: str | Path,
+    config: str | Path | None = None,
+    heads: list[str] | None = None,
+) -> list[Path]:
+    """Write the Hugging Face folder of a training checkpoint, its card written from the run
+    (the config's teachers, recipe and data; the metrics in the run folder's TensorBoard logs).
+
+    Args:
+        checkpoint: a ``.ckpt`` written by ``radio-lit fit`` (``<run>/checkpoints/<name>.ckpt``).
+        folder: the folder to write.
+        config: the run's config (default: its ``config.yaml``).
+        heads: the teachers whose adaptor heads the folder keeps (default: all).
+    """
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    config = Path(config) if config is not None else run_config(checkpoint)
+    with tqdm(total=3, unit="step", desc="export", dynamic_ncols=True) as bar:
+        bar.set_postfix_str("fold normalizers")
+        model: RadioLitModel = select_heads(checkpoint_inference_model(checkpoint, config), heads)
+        bar.update()
+        bar.set_postfix_str("read the run's logs")
+        step = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True).get(
+            "global_step"
+        )
+        card = model_card(
+            folder.resolve().name,
+            model.config,
+            yaml.safe_load(Path(config).read_text()),
+            step,
+            run_metrics(checkpoint.parent.parent),
+        )
+        bar.update()
+        bar.set_postfix_str("write the folder")
+        written = save_hf(model, folder, card)
+        bar.update()
+    return written
