@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from radio_lit.data.views import normalize_view
 from radio_lit.evaluation import (
@@ -26,6 +27,9 @@ from radio_lit.evaluation.segmentation_data import (
 )
 from radio_lit.teachers import TeacherOutput
 from tests.builders import tiny_student
+from tests.distributed.gloo import run_gloo_workers
+
+WORKER = Path(__file__).with_name("segmentation_worker.py")
 
 
 def student_view() -> ModelView:
@@ -129,3 +133,24 @@ def test_bad_probe_settings_are_one_line() -> None:
     probe = SegmentationProbe(num_classes=10, resolutions=[72], steps=1, warmup_steps=0)
     with pytest.raises(ValueError, match="not a multiple of the student's patch size 16"):
         probe.evaluate(student_view())
+
+
+def test_two_gloo_ranks_train_one_head_and_run_as_many_forwards(tmp_path: Path) -> None:
+    """Each rank draws its own crops; the averaged gradients and BatchNorm statistics leave
+    one head on both, and a rank with smaller validation images pads its forwards to the
+    other's (collective under FSDP: unequal counts would hang)."""
+    root = write_segmentation_folder(SampleSegmentation("training", 4), tmp_path, "training")
+    (root / "images" / "validation").mkdir(parents=True)
+    (root / "annotations" / "validation").mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    for i, (height, width) in enumerate([(32, 32), (32, 96), (48, 32)]):
+        image = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8)
+        labels = torch.randint(0, 11, (height, width), generator=generator, dtype=torch.uint8)
+        Image.fromarray(image.numpy()).save(root / "images" / "validation" / f"{i}.jpg")
+        Image.fromarray(labels.numpy()).save(root / "annotations" / "validation" / f"{i}.png")
+    first, second = run_gloo_workers(WORKER, tmp_path, str(root))
+    for key, value in first["head"].items():
+        torch.testing.assert_close(second["head"][key], value, rtol=0, atol=0)
+    assert first["score"] == second["score"]
+    # rank 0: images 0 and 2 (1 + 2 windows), rank 1: image 1 twice (5 + 5): both run 3 + 10
+    assert first["calls"] == second["calls"] == 3 + 10
