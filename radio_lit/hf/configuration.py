@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PretrainedConfig
 
 #: ``model_type`` of radio-lit's transformers config (``config.json``).
 MODEL_TYPE = "radio_lit"
+#: Called whenever a :class:`RadioLitConfig` is built (:mod:`radio_lit.hf` registers the model
+#: class with ``AutoModel`` there).
+ON_CREATE: list[Callable[[], None]] = []
 
 
 class RadioLitConfig(PretrainedConfig):
@@ -26,3 +30,8 @@ class RadioLitConfig(PretrainedConfig):
 
     radio: dict[str, Any] | None = None
     adaptors: dict[str, list[int]] | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        super().__post_init__(**kwargs)
+        for callback in ON_CREATE:
+            callback()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from radio_lit.hf.configuration import RadioLitConfig
-from radio_lit.teachers.base import TeacherOutput
+
+if TYPE_CHECKING:
+    from radio_lit.teachers.base import TeacherOutput
 
 
 class RadioLitHFModel(PreTrainedModel):
