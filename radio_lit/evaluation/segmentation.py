@@ -201,31 +201,35 @@ class SegmentationProbe(Evaluation):
         optimizer = schedule = None
         for _ in range(self.steps):
             images, labels = (t.to(device) for t in _batch(crops, self.batch_size))
-            features = self.features(view, images, resolution)
-            if head is None:
-                torch.manual_seed(self.seed)
-                head = LinearSegmentationHead(features.shape[1], self.num_classes).to(device)
-                optimizer = torch.optim.AdamW(
-                    head.parameters(), lr=self.lr, betas=(0.9, 0.999), weight_decay=0.0
-                )
-                schedule = _warmup_poly(optimizer, self.warmup_steps, self.steps)
-            with torch.enable_grad():
+            frozen = self.features(view, images, resolution)
+            # radio-lit validate / test run the measures under inference mode: the head trains
+            # outside it, on copies of the (inference) features and labels.
+            with torch.inference_mode(False), torch.enable_grad():
+                features, labels = frozen.clone(), labels.clone()
+                if head is None:
+                    torch.manual_seed(self.seed)
+                    head = LinearSegmentationHead(features.shape[1], self.num_classes).to(device)
+                    optimizer = torch.optim.AdamW(
+                        head.parameters(), lr=self.lr, betas=(0.9, 0.999), weight_decay=0.0
+                    )
+                    schedule = _warmup_poly(optimizer, self.warmup_steps, self.steps)
                 logits = F.interpolate(
                     head(features), size=labels.shape[-2:], mode="bilinear", align_corners=False
                 )
                 loss = F.cross_entropy(logits, labels, ignore_index=IGNORE)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-            if size > 1:
-                for param in head.parameters():
-                    dist.all_reduce(param.grad)
-                    param.grad.div_(size)
-            optimizer.step()
-            schedule.step()
+                if size > 1:
+                    for param in head.parameters():
+                        dist.all_reduce(param.grad)
+                        param.grad.div_(size)
+                optimizer.step()
+                schedule.step()
         if size > 1:
-            for buffer in (head.bn.running_mean, head.bn.running_var):
-                dist.all_reduce(buffer)
-                buffer.div_(size)
+            with torch.inference_mode(False):
+                for buffer in (head.bn.running_mean, head.bn.running_var):
+                    dist.all_reduce(buffer)
+                    buffer.div_(size)
         return head.eval()
 
     @torch.no_grad()

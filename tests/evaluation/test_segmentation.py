@@ -154,3 +154,13 @@ def test_two_gloo_ranks_train_one_head_and_run_as_many_forwards(tmp_path: Path) 
     assert first["score"] == second["score"]
     # rank 0: images 0 and 2 (1 + 2 windows), rank 1: image 1 twice (5 + 5): both run 3 + 10
     assert first["calls"] == second["calls"] == 3 + 10
+
+
+def test_probe_trains_under_inference_mode() -> None:
+    """radio-lit validate / test run the measures under torch.inference_mode."""
+    probe = SegmentationProbe(
+        num_classes=10, resolutions=[32], steps=2, warmup_steps=0, batch_size=2, sample_count=2
+    )
+    with torch.inference_mode():
+        report = probe.evaluate(student_view())
+    assert 0 <= report.scalars["eval/segmentation/backbone/miou_32"] <= 100
