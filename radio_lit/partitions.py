@@ -248,43 +248,54 @@ class PartitionPlan:
         return None if batch is None else batch // len(self.placement.ranks[name])
 
     # -- one step -----------------------------------------------------------------------------
+    def rows(self, batch: int) -> dict[str, slice]:
+        """The rows of a training batch of ``batch`` crops that each partition of this rank
+        takes (in partition order, consecutive and disjoint; see the module docstring)."""
+        placement = self.placement
+        taken, start = {}, 0
+        for name in self.partitions:
+            if placement.rank not in placement.ranks[name]:
+                continue
+            count = self._per_rank(name)
+            stop = batch if count is None else start + count
+            if stop > batch:
+                raise ValueError(
+                    f"rank {placement.rank}'s partitions need {self.rank_batch_size()} images "
+                    f"per step but the batch holds {batch}: set data.init_args."
+                    f"batch_size to at least {self.rank_batch_size()}"
+                )
+            taken[name], start = slice(start, stop), stop
+        return taken
+
     def chunks(self, crop: Tensor, train: bool) -> list[Chunk]:
         """This rank's chunks of the crops ``[B, 3, S, S]`` for one step.
 
-        Training: the rank's partitions take consecutive slices of the batch, each draws one of
-        its resolutions (torch's global RNG) and is weighted ``s_p W / |R_p|``. Evaluation:
-        every partition runs on the whole batch at its first resolution, weighted ``s_p``, so
-        that every teacher is evaluated on every rank.
+        Training: the rank's partitions take consecutive slices of the batch (:meth:`rows`),
+        each draws one of its resolutions (torch's global RNG) and is weighted
+        ``s_p W / |R_p|``. Evaluation: every partition runs on the whole batch at its first
+        resolution, weighted ``s_p``, so that every teacher is evaluated on every rank.
         """
         placement = self.placement
         total_share = sum(p.rank_share for p in self.partitions.values())
-        chunks, start = [], 0
+        taken = self.rows(crop.shape[0]) if train else {}
+        chunks = []
         for name, part in self.partitions.items():
             share = part.rank_share / total_share
             sizes = self.resolutions[name]
             if not train:
                 chunks.append(Chunk(name, crop, self.members[name], sizes[0], share))
                 continue
-            ranks = placement.ranks[name]
-            if placement.rank not in ranks:
+            if name not in taken:
                 continue
-            count = self._per_rank(name)
-            stop = crop.shape[0] if count is None else start + count
-            if stop > crop.shape[0]:
-                raise ValueError(
-                    f"rank {placement.rank}'s partitions need {self.rank_batch_size()} images "
-                    f"per step but the batch holds {crop.shape[0]}: set data.init_args."
-                    f"batch_size to at least {self.rank_batch_size()}"
-                )
+            ranks = placement.ranks[name]
             pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
-            rows = slice(start, stop)
+            rows = taken[name]
             chunks.append(
                 Chunk(
                     name, crop[rows], self.members[name], sizes[pick], weight, 1 / len(ranks), rows
                 )
             )
-            start = stop
         return chunks
 
     def check_strategy(self, strategy: object) -> None:

@@ -20,9 +20,16 @@ from radio_lit.export.convert import (
     radio_config,
     radio_incompatibilities,
 )
-from radio_lit.export.files import load, read_radio, read_safetensors, save_radio, save_safetensors
+from radio_lit.export.files import (
+    load,
+    read_hf,
+    read_radio,
+    read_safetensors,
+    save_radio,
+    save_safetensors,
+)
 from radio_lit.export.fold import fold_affine, fold_normalizer
-from radio_lit.export.hf import export_hf, read_hf, save_hf, select_heads
+from radio_lit.export.hf import export_hf, save_hf, select_heads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
 

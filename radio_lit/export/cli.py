@@ -1,4 +1,6 @@
-"""``radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]``.
+"""``radio-lit export``: a training checkpoint as NVlabs/RADIO's format, safetensors or ONNX.
+
+    radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from radio_lit.errors import CommandParser, checkpoint_file
+from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
 from radio_lit.export.hf import export_hf
@@ -65,15 +67,18 @@ def main(argv: list[str]) -> None:
         "(E-RADIO; default: the training resolution)",
     )
     args = parser.parse_args(argv)
-    checkpoint_file(args.checkpoint, "checkpoint")
     if args.format == "hf":
         folder = args.output or args.checkpoint.parent.parent / "export" / "hf"
+        _check_folder(folder, "--output" if args.output is not None else "checkpoint")
+        checkpoint_file(args.checkpoint, "checkpoint")
         for path in export_hf(args.checkpoint, folder, args.config, args.heads):
             print(path)
         return
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
+    _check_folder(stem.parent, "--output" if args.output is not None else "checkpoint")
+    checkpoint_file(args.checkpoint, "checkpoint")
     formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
@@ -95,3 +100,16 @@ def main(argv: list[str]) -> None:
             bar.update()
     for path in written:
         print(path)
+
+
+def _check_folder(folder: Path, option: str) -> None:
+    """Refuse an output ``folder`` that cannot be made because a file stands in its way (the
+    folder itself or one above it), naming that file."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"radio-lit export: {option}: cannot write into {folder}: {candidate} is a "
+                    "file, not a folder; give another --output (or move that file)"
+                )
+            return

@@ -3,9 +3,10 @@
 
 ``transformers.AutoModel.from_pretrained(folder)`` loads it with radio-lit imported
 (:mod:`radio_lit.hf` registers the classes; no remote code), and so does
-``radio_lit.load(folder)`` (without transformers); a Hub id works for both once the folder is
-pushed (``huggingface_hub.upload_folder``). :func:`export_hf` writes it from a training
-checkpoint (``radio-lit export CKPT --format hf``), :func:`save_hf` from an inference model.
+``radio_lit.load(folder)`` (without transformers: :func:`~radio_lit.export.files.read_hf`);
+a Hub id works for both once the folder is pushed (``huggingface_hub.upload_folder``).
+:func:`export_hf` writes it from a training checkpoint (``radio-lit export CKPT --format
+hf``), :func:`save_hf` from an inference model.
 
 - ``config.json``: :class:`~radio_lit.hf.configuration.RadioLitConfig`, whose ``radio`` entry
   is the export's RADIO config (the ``.json`` of a safetensors export) and ``adaptors`` the
@@ -26,18 +27,15 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from radio_lit.export.card import model_card, run_metrics
 from radio_lit.export.checkpoint import checkpoint_inference_model, run_config
-from radio_lit.export.model import RadioLitModel, adaptor_shapes, from_radio_keys, to_radio_keys
+from radio_lit.export.files import CONFIG_NAME, HF_PREFIX, WEIGHTS_NAME, save_umask_file
+from radio_lit.export.model import RadioLitModel, adaptor_shapes, from_radio_keys
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 PREPROCESSOR_NAME = "preprocessor_config.json"
 CARD_NAME = "README.md"
-_PREFIX = "radio_model."
 
 
 def select_heads(model: RadioLitModel, teachers: list[str] | None) -> RadioLitModel:
@@ -102,7 +100,6 @@ def save_hf(model: RadioLitModel, folder: str | Path, card: str) -> list[Path]:
         the written files.
     """
     from radio_lit.hf.configuration import RadioLitConfig
-    from radio_lit.hf.modeling import RadioLitHFModel
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,33 +107,15 @@ def save_hf(model: RadioLitModel, folder: str | Path, card: str) -> list[Path]:
     config = RadioLitConfig(
         radio=json.loads(json.dumps(model.config)),
         adaptors=adaptor_shapes(model.config, state),
-        architectures=[RadioLitHFModel.__name__],
+        architectures=["RadioLitHFModel"],
     )
-    hf_model = RadioLitHFModel(config)
-    hf_model.radio_model.load_state_dict(from_radio_keys(state), strict=True)
-    hf_model.save_pretrained(folder)
+    config.save_pretrained(folder)
+    # What RadioLitHFModel.save_pretrained writes: its state dict, under radio-lit's names.
+    weights = {HF_PREFIX + k: v for k, v in from_radio_keys(state).items()}
+    save_umask_file(weights, folder / WEIGHTS_NAME)
     (folder / PREPROCESSOR_NAME).write_text(json.dumps(preprocessor_config(model), indent=2) + "\n")
     (folder / CARD_NAME).write_text(card)
     return [folder / name for name in (CONFIG_NAME, WEIGHTS_NAME, PREPROCESSOR_NAME, CARD_NAME)]
-
-
-def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:
-    """The :class:`RadioLitModel` of a folder :func:`save_hf` wrote (transformers not needed)."""
-    folder = Path(folder)
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(
-                f"{folder} has no {name}: expected a folder written by radio-lit export --format hf"
-            )
-    config = json.loads((folder / CONFIG_NAME).read_text())
-    if "radio" not in config:
-        raise ValueError(
-            f"{folder / CONFIG_NAME} was not written by radio-lit export (no 'radio' entry, "
-            f"model_type {config.get('model_type')!r})"
-        )
-    weights = load_file(str(folder / WEIGHTS_NAME))
-    state = {k[len(_PREFIX) :]: v for k, v in weights.items() if k.startswith(_PREFIX)}
-    return RadioLitModel.from_radio(config["radio"], to_radio_keys(state), pad=pad)
 
 
 def _device(model: RadioLitModel) -> Any:

@@ -114,6 +114,11 @@ class Teacher(nn.Module):
             return student_grid[0] * self.patch_size, student_grid[1] * self.patch_size
         return self.resolution, self.resolution
 
+    def shares_canvas(self, size: tuple[int, int]) -> bool:
+        """Whether views of ``size = (H, W)`` pixels share an encoder input with other views of
+        the batch (a mosaic), so that a view's outputs depend on its batch neighbours."""
+        return False
+
     # -- frozen behaviour -------------------------------------------------------------------
     def freeze(self) -> None:
         """Drop gradients and switch to eval; called by subclasses once weights are loaded."""

@@ -119,7 +119,7 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "non-positive batch size": (
         [*FIT, "--data.init_args.batch_size", "0"],
-        ["batch_size=0", "must be positive"],
+        ["data.init_args.batch_size: must be at least 1", "batch_size=0"],
     ),
     "unknown option": (
         [*FIT, "--trainer.max_stepz", "3"],
@@ -183,6 +183,28 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "export a corrupt checkpoint": (
         ["export", "{tmp}/corrupt.ckpt"],
         ["cannot be read as a checkpoint"],
+    ),
+    "export into a folder blocked by a file": (
+        ["export", "{tmp}/corrupt.ckpt", "--output", "{tmp}/corrupt.ckpt/export/model"],
+        ["--output", "corrupt.ckpt is a file, not a folder", "give another --output"],
+    ),
+    "evaluate a folder as an exported model": (
+        ["evaluate", "--model_path", "{tmp}"],
+        ["--model_path", "is a folder, not a model file", "corrupt.ckpt"],
+    ),
+    "an overlay config alone": (
+        ["fit", "--config", str(ROOT / "configs" / "quickstart-eradio.yaml")],
+        ["quickstart-eradio.yaml is an overlay", "radio-lit fit --config configs/quickstart.yaml"],
+    ),
+    "a cls summary of a teacher without a class token": (
+        [
+            *FIT,
+            "--model.teachers.dino",
+            "{class_path: radio_lit.teachers.TransformersTeacher, init_args: {model: "
+            "siglip_vision_model, pretrained: false, summary: cls, model_kwargs: {hidden_size: "
+            "32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2}}}",
+        ],
+        ["model.teachers.dino", "has no class token", "summary: pooled"],
     ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],

@@ -19,6 +19,7 @@ import radio_lit
 from radio_lit.cli import main
 from radio_lit.export import module_inference_model, save_hf
 from radio_lit.export.card import teacher_source
+from radio_lit.export.files import model_file
 from tests.export.tiny_export import own_outputs, saved_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -196,3 +197,23 @@ def test_load_takes_a_hub_id_from_the_hub_cache_offline(
 )
 def test_teacher_sources_and_licences(spec, expected) -> None:
     assert teacher_source(spec) == expected
+
+
+def test_model_paths_take_the_folder_and_refuse_other_folders(
+    hf_run, tmp_path: Path, monkeypatch
+) -> None:
+    """What radio-lit evaluate / predict --model_path accept: the folder, not just any folder;
+    an unknown Hub id offline is one line."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    _, folder = hf_run
+    assert model_file(folder, "--model_path") == folder
+    mode = (folder / "model.safetensors").stat().st_mode & 0o777
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # readable as torch.save's files are, not safetensors' 0600
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        model_file(tmp_path, "--model_path")
+    with pytest.raises(FileNotFoundError, match="no local path, and the Hub model"):
+        radio_lit.load("nobody/nothing-here")
