@@ -150,13 +150,8 @@ class SegmentationProbe(Evaluation):
                 )
         self.root, self.num_classes, self.output = root, num_classes, output
         self.resolutions = [int(r) for r in resolutions]
-        self.steps, self.warmup_steps, self.batch_size, self.lr = (
-            steps,
-            warmup_steps,
-            batch_size,
-            lr,
-        )
-        self.stride = stride
+        self.steps, self.warmup_steps = steps, warmup_steps
+        self.batch_size, self.lr, self.stride = batch_size, lr, stride
         self.max_train_images, self.max_val_images = max_train_images, max_val_images
         self.sample_count, self.seed, self.num_workers = sample_count, seed, num_workers
 
@@ -201,6 +196,7 @@ class SegmentationProbe(Evaluation):
         optimizer = schedule = None
         for _ in range(self.steps):
             images, labels = (t.to(device) for t in _batch(crops, self.batch_size))
+            self._check_labels(labels)
             frozen = self.features(view, images, resolution)
             # radio-lit validate / test run the measures under inference mode: the head trains
             # outside it, on copies of the (inference) features and labels.
@@ -249,7 +245,8 @@ class SegmentationProbe(Evaluation):
             logits, count = self.sliding_logits(view, head, image.to(device), resolution)
             windows += count
             if bool(valid[0]):
-                metric.update(logits.argmax(1), shift_labels(labels.to(device)))
+                labels = self._check_labels(shift_labels(labels.to(device)))
+                metric.update(logits.argmax(1), labels)
         if size > 1:  # every rank runs as many (collective, under FSDP) forwards
             most = _most_windows(validation, resolution, self.stride, size)
             for _ in range(most - windows):
@@ -257,6 +254,17 @@ class SegmentationProbe(Evaluation):
                     view, torch.zeros(1, 3, resolution, resolution, device=device), resolution
                 )
         return 100.0 * float(metric.compute())
+
+    def _check_labels(self, labels: Tensor) -> Tensor:
+        """``labels`` (class indices), refused with one line if one is not below ``K``."""
+        top = int(labels.max()) if labels.numel() else -1
+        if top >= self.num_classes:
+            raise ValueError(
+                f"SegmentationProbe num_classes: the annotations hold label {top + 1}, above "
+                f"num_classes={self.num_classes}; set num_classes to the dataset's class count "
+                "(150 for ADE20k)"
+            )
+        return labels
 
     def sliding_logits(
         self, view: ModelView, head: LinearSegmentationHead, image: Tensor, resolution: int

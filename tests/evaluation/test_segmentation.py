@@ -133,6 +133,9 @@ def test_bad_probe_settings_are_one_line() -> None:
     probe = SegmentationProbe(num_classes=10, resolutions=[72], steps=1, warmup_steps=0)
     with pytest.raises(ValueError, match="not a multiple of the student's patch size 16"):
         probe.evaluate(student_view())
+    probe = SegmentationProbe(num_classes=5, resolutions=[32], steps=1, warmup_steps=0)
+    with pytest.raises(ValueError, match=r"label \d+, above num_classes=5"):
+        probe.evaluate(student_view())  # the sample set has 10 classes
 
 
 def test_two_gloo_ranks_train_one_head_and_run_as_many_forwards(tmp_path: Path) -> None:
