@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from radio_lit.hf import register_on_import
+
 __all__ = ["DistillationModule", "load"]
 __version__ = "0.1.0"
+
+# transformers' AutoConfig / AutoModel load `radio-lit export --format hf` folders (lazily).
+register_on_import()
 
 
 def __getattr__(name: str) -> Any:

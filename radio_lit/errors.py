@@ -72,7 +72,8 @@ def short_message(error: BaseException) -> str:
     the Union subtypes", one line per subtype, then the given value; only the real reasons
     (not "Expected a <class 'NoneType'>") are kept. A value that is neither a path nor a
     class reads ``Parser key "k": - Expected a path ... - Type ... : reason``; it becomes
-    ``k: reason``.
+    ``k: reason``. A callback whose constructor refused its arguments keeps that reason
+    without the accepted forms of a ``Callback`` listed after it.
     """
     message = str(error) or type(error).__name__
     keyed = re.match(r'Parser key "([\w.]+)":\s*\n', message)
@@ -94,7 +95,8 @@ def short_message(error: BaseException) -> str:
         reason = line.strip().removeprefix("- ")
         if reason and not reason.startswith("Expected a <class 'NoneType'>"):
             reasons.append(reason)
-    return "\n".join(reasons) or message
+    # A callback constructor's own reason, then jsonargparse's list of accepted forms.
+    return ("\n".join(reasons) or message).split("\nNot a valid subclass of ", 1)[0]
 
 
 def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:

@@ -1,6 +1,6 @@
 """What the student learned: kNN and zero-shot classification through the summary, PCA images of
-features, mode switching and scale equivariance across resolutions, RankMe, and the
-reconstruction error of output token merging.
+features, mode switching and scale equivariance across resolutions, RankMe, the
+reconstruction error of output token merging, and linear-probe segmentation (mIoU).
 
 Each measure is a Lightning callback (:class:`Evaluation`) that runs every N steps and at the
 end of ``fit``, at the end of ``radio-lit validate`` / ``test``, and from ``radio-lit evaluate``
@@ -14,6 +14,17 @@ from radio_lit.evaluation.knn import KNNClassification, knn_votes
 from radio_lit.evaluation.pca import PCAColors, PCAFeatureImages, pca_image
 from radio_lit.evaluation.rank import RankMe, rank_me
 from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance, scale_variance
+from radio_lit.evaluation.segmentation import (
+    LinearSegmentationHead,
+    SegmentationProbe,
+    miou_metric,
+)
+from radio_lit.evaluation.segmentation_data import (
+    SAMPLE_SEGMENTATION,
+    SampleSegmentation,
+    SegmentationFolder,
+    write_segmentation_folder,
+)
 from radio_lit.evaluation.token_merging import TokenMerging
 from radio_lit.evaluation.view import BACKBONE, ModelView, module_view
 from radio_lit.evaluation.zero_shot import ZeroShotClassification, zero_shot_weights
@@ -21,9 +32,11 @@ from radio_lit.evaluation.zero_shot import ZeroShotClassification, zero_shot_wei
 __all__ = [
     "BACKBONE",
     "SAMPLE_CLASSES",
+    "SAMPLE_SEGMENTATION",
     "Evaluation",
     "KNNClassification",
     "LabeledImageFolder",
+    "LinearSegmentationHead",
     "ModeSwitching",
     "ModelView",
     "PCAColors",
@@ -31,14 +44,19 @@ __all__ = [
     "RankMe",
     "Report",
     "SampleImageClasses",
+    "SampleSegmentation",
     "ScaleEquivariance",
+    "SegmentationFolder",
+    "SegmentationProbe",
     "TokenMerging",
     "ZeroShotClassification",
     "knn_votes",
+    "miou_metric",
     "module_view",
     "pca_image",
     "rank_me",
     "scale_variance",
     "write_report",
+    "write_segmentation_folder",
     "zero_shot_weights",
 ]

@@ -4,14 +4,16 @@
     radio-lit evaluate --ckpt_path RUN/checkpoints/last.ckpt --config my_measures.yaml
     radio-lit evaluate --model_path RUN/export/last.safetensors
     radio-lit evaluate --model_path RUN/export/last.safetensors --run_config RUN/config.yaml
+    radio-lit evaluate --model_path RUN/export/hf --config callbacks/segmentation.yaml
 
 A training checkpoint is evaluated with the model described by its run's ``config.yaml``
 (``--run_config``; by default the ``config.yaml`` two folders above the checkpoint, where
 ``radio-lit fit`` writes it). The measures are the evaluation callbacks that ``--config`` /
 ``--trainer.callbacks+`` arguments after the options give (callback presets, as for ``fit``:
 ``--config callbacks/evaluation.yaml``), else the run's own evaluation callbacks, else every
-measure with its defaults. An exported model (``--model_path``, what ``radio-lit export``
-writes) is loaded with ``radio_lit.load`` and evaluated at the resolution its own metadata
+measure with its defaults (the segmentation probe, a training of its own, only when
+asked). An exported model (``--model_path``, what ``radio-lit export`` writes, a Hugging Face
+folder included) is loaded with ``radio_lit.load`` and evaluated at the resolution its own metadata
 records (``preferred_resolution``, the student's training resolution, and ``patch_size`` in
 ``<stem>.json``); ``--run_config`` adds the run's teachers (for zero-shot, mode switching and
 the teacher PCA panels) and its student resolution, ``--resolution`` overrides both.
@@ -49,7 +51,8 @@ def parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="radio-lit evaluate",
         description="Evaluate a checkpoint: kNN, zero-shot, PCA images, mode switching, "
-        "scale equivariance, RankMe. Arguments after these options (--config FILE, "
+        "scale equivariance, RankMe (linear-probe segmentation when a --config asks for it: "
+        "callbacks/segmentation.yaml). Arguments after these options (--config FILE, "
         "--trainer.callbacks+ ...) choose the measures, as for radio-lit fit.",
         exit_on_error=False,
         allow_abbrev=False,

@@ -6,11 +6,13 @@
   :func:`module_inference_model` (from a ``DistillationModule``),
   :func:`checkpoint_inference_model` (from a ``.ckpt`` and its config): a
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
-- :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`; :func:`load` (also
-  ``radio_lit.load``).
+- :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`, :func:`save_hf` (a
+  Hugging Face folder with its :func:`model_card`; :func:`export_hf` from a checkpoint);
+  :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.export.cli`).
 """
 
+from radio_lit.export.card import model_card, run_metrics
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.convert import (
     inference_model,
@@ -18,24 +20,38 @@ from radio_lit.export.convert import (
     radio_config,
     radio_incompatibilities,
 )
-from radio_lit.export.files import load, read_radio, read_safetensors, save_radio, save_safetensors
+from radio_lit.export.files import (
+    load,
+    read_hf,
+    read_radio,
+    read_safetensors,
+    save_radio,
+    save_safetensors,
+)
 from radio_lit.export.fold import fold_affine, fold_normalizer
+from radio_lit.export.hf import export_hf, save_hf, select_heads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
 
 __all__ = [
     "RadioLitModel",
     "checkpoint_inference_model",
+    "export_hf",
     "fold_affine",
     "fold_normalizer",
     "inference_model",
     "load",
+    "model_card",
     "module_inference_model",
     "radio_config",
     "radio_incompatibilities",
+    "read_hf",
     "read_radio",
     "read_safetensors",
-    "save_radio",
+    "run_metrics",
+    "save_hf",
     "save_onnx",
+    "save_radio",
     "save_safetensors",
+    "select_heads",
 ]

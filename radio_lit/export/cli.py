@@ -6,7 +6,9 @@ Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
 adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
 with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
-writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`).
+writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`); ``--format hf`` writes the folder
+``--output`` (default ``<run>/export/hf``): a Hugging Face model with its card
+(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tqdm.auto import tqdm
 from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
+from radio_lit.export.hf import export_hf
 from radio_lit.export.onnx import save_onnx
 
 
@@ -37,13 +40,22 @@ def main(argv: list[str]) -> None:
         "--output",
         type=Path,
         default=None,
-        help="output path without suffix (default: <run>/export/<checkpoint name>)",
+        help="output path without suffix (default: <run>/export/<checkpoint name>); the "
+        "folder for --format hf (default: <run>/export/hf)",
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors", "onnx"],
+        choices=["both", "radio", "safetensors", "onnx", "hf"],
         default="both",
-        help="which files to write: both = radio and safetensors (default: both)",
+        help="which files to write: both = radio and safetensors; hf = a Hugging Face model "
+        "folder with its model card (default: both)",
+    )
+    parser.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        metavar="TEACHER",
+        help="--format hf: the teachers whose adaptor heads the folder keeps (default: all)",
     )
     parser.add_argument(
         "--resolution",
@@ -60,6 +72,13 @@ def main(argv: list[str]) -> None:
         help="export the EMA student and heads (runs with model.mesa) instead of the raw weights",
     )
     args = parser.parse_args(argv)
+    if args.format == "hf":
+        folder = args.output or args.checkpoint.parent.parent / "export" / "hf"
+        _check_folder(folder, "--output" if args.output is not None else "checkpoint")
+        checkpoint_file(args.checkpoint, "checkpoint")
+        for path in export_hf(args.checkpoint, folder, args.config, args.heads):
+            print(path)
+        return
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem

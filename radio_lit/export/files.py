@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from radio_lit.export.convert import radio_incompatibilities
-from radio_lit.export.model import RadioLitModel
+from radio_lit.export.model import RadioLitModel, to_radio_keys
 
 RADIO_SUFFIXES = (".pth", ".pt", ".tar")
+#: A Hugging Face model folder's config and weights (:mod:`radio_lit.export.hf`), the
+#: weights under this prefix (radio-lit's layer names).
+CONFIG_NAME, WEIGHTS_NAME, HF_PREFIX = "config.json", "model.safetensors", "radio_model."
+#: A Hugging Face Hub model id, ``owner/name``.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def save_radio(model: RadioLitModel, path: str | Path) -> Path:
@@ -83,10 +89,14 @@ MODEL_SUFFIXES = (".safetensors", *RADIO_SUFFIXES, ".ckpt")
 
 
 def model_file(path: str | Path, option: str | None = None) -> Path:
-    """``path`` checked as a model file for :func:`load`: a missing path, or a folder (named
-    with the model files in it), raises ``FileNotFoundError`` prefixed with ``option``."""
+    """``path`` checked as a model for :func:`load`: a file, a Hugging Face model folder
+    (``config.json`` inside) or a Hub id (``owner/name``, no such local path). Anything else (a
+    missing path, another folder, named with the model files in it) raises
+    ``FileNotFoundError`` prefixed with ``option``."""
     path = Path(path).expanduser()
-    if path.is_file():
+    if path.is_file() or (path / CONFIG_NAME).is_file():
+        return path
+    if not path.exists() and HUB_ID.fullmatch(str(path)):
         return path
     prefix = f"{option}: " if option else ""
     if path.is_dir():
@@ -94,17 +104,55 @@ def model_file(path: str | Path, option: str | None = None) -> Path:
         inside = (
             "give one of its files: " + ", ".join(found)
             if found
-            else "it holds no .safetensors, .pth or .ckpt file (radio-lit export writes them)"
+            else "it holds no .safetensors, .pth or .ckpt file and no config.json (radio-lit "
+            "export writes them)"
         )
         raise FileNotFoundError(f"{prefix}{path} is a folder, not a model file; {inside}")
     raise FileNotFoundError(
         f"{prefix}{path} does not exist; give a .safetensors or .pth written by radio-lit "
-        "export, or a training .ckpt"
+        "export, a training .ckpt, or a folder from radio-lit export --format hf"
     )
 
 
+def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:
+    """The model of a Hugging Face folder from ``radio-lit export --format hf`` (transformers
+    not needed: ``config.json``'s ``radio`` entry and ``model.safetensors``)."""
+    folder = Path(folder)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {name}: expected a folder written by radio-lit export --format hf"
+            )
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    if "radio" not in config:
+        raise ValueError(
+            f"{folder / CONFIG_NAME} was not written by radio-lit export (no 'radio' entry, "
+            f"model_type {config.get('model_type')!r})"
+        )
+    weights = load_file(str(folder / WEIGHTS_NAME))
+    state = {k[len(HF_PREFIX) :]: v for k, v in weights.items() if k.startswith(HF_PREFIX)}
+    return RadioLitModel.from_radio(config["radio"], to_radio_keys(state), pad=pad)
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local folder of Hub model ``repo_id``'s config and weights (``huggingface_hub``'s
+    cache; downloaded if missing and the Hub is reachable)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(repo_id, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME])
+    except Exception as error:  # offline, unknown repository, no access: one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FileNotFoundError(
+            f"{repo_id} is no local path, and the Hub model of that id cannot be had ({first}); "
+            "give a local file or folder, or a Hub id that is cached or reachable"
+        ) from error
+    return Path(folder)
+
+
 def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
-    """The inference model of an export or a training checkpoint, in eval mode on the CPU.
+    """The inference model of an export, a training checkpoint or a Hugging Face model, in eval
+    mode on the CPU.
 
     ``model(images)`` takes ``[B, 3, H, W]`` images in ``[0, 1]`` and returns
     ``{"backbone": TeacherOutput, <teacher>: TeacherOutput}``, teacher outputs in each
@@ -112,12 +160,18 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
 
     Args:
         path: ``<stem>.safetensors`` (with ``<stem>.json`` beside it), a RADIO-format
-            ``.pth`` from ``radio-lit export``, or a training ``.ckpt`` (exported on the fly).
+            ``.pth`` from ``radio-lit export``, a training ``.ckpt`` (exported on the fly), a
+            folder from ``radio-lit export --format hf``, or the Hub id of such a folder
+            (``owner/name``, downloaded with ``huggingface_hub`` into its cache).
         pad: accept any resolution, zero-padding the normalized image to a multiple of the
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
     path = model_file(path)
+    if path.is_dir():
+        return read_hf(path, pad=pad)
+    if not path.exists():
+        return read_hf(hub_snapshot(str(path)), pad=pad)
     if path.suffix == ".ckpt":
         from radio_lit.export.checkpoint import checkpoint_inference_model
 

@@ -232,18 +232,28 @@ class RadioLitModel(nn.Module):
         cls, config: dict[str, Any], state: dict[str, Tensor], pad: bool = False
     ) -> RadioLitModel:
         """Build the model ``config`` describes and load ``state`` (RADIO key names) strictly."""
+        model = cls.from_shapes(config, adaptor_shapes(config, state), pad=pad)
+        model.load_state_dict(from_radio_keys(state), strict=True)
+        return model
+
+    @classmethod
+    def from_shapes(
+        cls, config: dict[str, Any], shapes: dict[str, list[int]], pad: bool = False
+    ) -> RadioLitModel:
+        """The model ``config`` describes with adaptor MLPs of ``shapes`` (see
+        :func:`adaptor_shapes`), its weights not loaded (random)."""
         extras = config["radio_lit"]
         heads, projections = {}, {}
         for teacher in config["teachers"]:
             name = teacher["name"]
-            heads[name] = _head_like(state, f"_heads.{name}.")
-            projections[name] = _head_like(state, f"_feature_projections.{name}.")
+            heads[name] = MLPHead(*shapes[f"_heads.{name}"])
+            projections[name] = MLPHead(*shapes[f"_feature_projections.{name}"])
         backbone = (
             ERadioBackbone(ERadio(**extras["eradio"]))
             if extras.get("architecture") == "e-radio"
             else _vit_trunk(config)
         )
-        model = cls(
+        return cls(
             config,
             backbone,
             InputConditioner((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
@@ -251,8 +261,6 @@ class RadioLitModel(nn.Module):
             projections,
             pad=pad,
         )
-        model.load_state_dict(from_radio_keys(state), strict=True)
-        return model
 
     def radio_state_dict(self) -> dict[str, Tensor]:
         """The state dict under RADIO's key names (contiguous tensors, detached)."""
@@ -308,17 +316,23 @@ def _vit_trunk(config: dict[str, Any]) -> RadioBackbone:
     )
 
 
-def _head_like(state: dict[str, Tensor], prefix: str) -> MLPHead:
-    """An MLPHead shaped like the v2 MLP stored under ``prefix`` (RADIO names)."""
-    try:
-        hidden, in_dim = state[prefix + "fc1.weight"].shape
-        out_dim = state[prefix + "final.2.weight"].shape[0]
-    except KeyError as missing:
-        raise ValueError(
-            f"the state dict has no adaptor MLP 'v2' under {prefix!r} (missing {missing}); "
-            "is this a radio-lit export?"
-        ) from None
-    return MLPHead(in_dim, hidden, out_dim)
+def adaptor_shapes(config: dict[str, Any], state: dict[str, Tensor]) -> dict[str, list[int]]:
+    """``{"_heads.<teacher>" | "_feature_projections.<teacher>": [in, hidden, out]}``: the
+    widths of every teacher's adaptor MLPs "v2" stored in ``state`` (RADIO key names)."""
+    shapes = {}
+    for teacher in config["teachers"]:
+        for group in _ADAPTOR_PREFIXES:
+            prefix = f"{group}{teacher['name']}."
+            try:
+                hidden, in_dim = state[prefix + "fc1.weight"].shape
+                out_dim = state[prefix + "final.2.weight"].shape[0]
+            except KeyError as missing:
+                raise ValueError(
+                    f"the state dict has no adaptor MLP 'v2' under {prefix!r} (missing "
+                    f"{missing}); is this a radio-lit export?"
+                ) from None
+            shapes[prefix[:-1]] = [int(in_dim), int(hidden), int(out_dim)]
+    return shapes
 
 
 def to_radio_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -56,13 +56,20 @@ def test_quickstart_instantiates_every_part():
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: Path(p).name)
-def test_callback_presets_compose_with_a_config(preset, tmp_path):
+def test_callback_presets_compose_with_a_config(preset, tmp_path, monkeypatch):
     base = tmp_path / "base.yaml"
     config = yaml.safe_load(Path(QUICKSTART).read_text())
     config["trainer"]["callbacks"] = []
     base.write_text(yaml.safe_dump(config))
-    cli = instantiate("--config", str(base), "--config", preset)
     listed = yaml.safe_load(Path(preset).read_text())["trainer"]["callbacks+"]
+    # A preset's dataset folder (the segmentation probe's ADE20k root, relative), laid out
+    # empty in the scratch folder the preset is read from.
+    monkeypatch.chdir(tmp_path)
+    for entry in listed:
+        root = (entry.get("init_args") or {}).get("root", "radio_lit:")
+        for split in ("training", "validation") if not root.startswith("radio_lit:") else ():
+            (tmp_path / root / "images" / split).mkdir(parents=True, exist_ok=True)
+    cli = instantiate("--config", str(base), "--config", preset)
     names = [type(c).__name__ for c in cli.trainer.callbacks]
     for entry in listed:
         assert entry["class_path"].rsplit(".", 1)[1] in names

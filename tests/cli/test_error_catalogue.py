@@ -240,6 +240,11 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["ablate", "--base", "{tmp}/nope.yaml"],
         ["radio-lit ablate", "--base", "no such config file"],
     ),
+    "segmentation probe on a folder without ADE20k's layout": (
+        [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.SegmentationProbe"]
+        + ["--trainer.callbacks.root", "{tmp}/empty"],
+        ["SegmentationProbe root", "images/training/", "ADE20k's layout"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],

@@ -74,6 +74,7 @@ def test_quickstart_shows_every_measure_and_evaluate_prints_a_table(tmp_path, mo
         "eval/scale_equivariance/backbone/coarse",
         "eval/rankme/backbone/summary",
         "eval/rankme/dino/features",
+        "eval/segmentation/backbone/miou_64",
     ):
         assert tag in scalars, tag
     curve = [e.step for e in logged.Scalars("eval/mode_switching/dino/mse/step_2")]
