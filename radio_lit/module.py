@@ -43,7 +43,7 @@ from radio_lit.step import (
 from radio_lit.students import Student
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
-from radio_lit.students.spectral_reparam import request_power_iteration
+from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
@@ -273,8 +273,8 @@ class DistillationModule(pl.LightningModule):
         self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
     def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
-        request_power_iteration(self.student)  # σReparam: one per step, not per forward
-        return self._shared_step(batch, "train")
+        with spectral_step(self.student):  # σReparam: once per step, all layers together
+            return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:
         if self.trainer.sanity_checking and not statistics_ready(self.normalizers):
