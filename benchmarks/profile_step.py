@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import inspect
 import json
 import resource
 import statistics
@@ -41,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,27 @@ GPU_PEAK_TFLOPS = {
     "L40S": 362.0,
     "A10": 125.0,
     "L4": 121.0,
+}
+#: segment-anything's ``build_sam_vit_*`` encoders (what ``SAMTeacher(model_type)`` builds).
+SAM_ENCODERS = {
+    kind: dict(
+        img_size=1024,
+        patch_size=16,
+        embed_dim=width,
+        depth=depth,
+        num_heads=16 if width > 768 else 12,
+        mlp_ratio=4.0,
+        out_chans=256,
+        qkv_bias=True,
+        use_rel_pos=True,
+        window_size=14,
+        global_attn_indexes=globals_,
+    )
+    for kind, width, depth, globals_ in (
+        ("vit_b", 768, 12, [2, 5, 8, 11]),
+        ("vit_l", 1024, 24, [5, 11, 17, 23]),
+        ("vit_h", 1280, 32, [7, 15, 23, 31]),
+    )
 }
 OTHER = "Lightning + logging"
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -107,10 +130,12 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
     key = f"--model.teachers.{name}.init_args"
     init = entry.get("init_args") or {}
     kind = entry["class_path"].rsplit(".", 1)[-1]
+    parameters = _init_parameters(entry["class_path"])
     out = []
     if not args.pretrained:
-        if init.get("pretrained") not in (None, False):
-            out.append(f"{key}.pretrained={'false' if init['pretrained'] is True else 'null'}")
+        pretrained = init.get("pretrained", getattr(parameters.get("pretrained"), "default", None))
+        if pretrained not in (None, False, inspect.Parameter.empty):
+            out.append(f"{key}.pretrained={'false' if pretrained is True else 'null'}")
         if init.get("checkpoint"):
             out.append(f"{key}.checkpoint=null")
         if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
@@ -126,10 +151,10 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
         cfg["text_cfg"] = {**cfg["text_cfg"], "layers": min(depth, cfg["text_cfg"]["layers"])}
         out.append(f"{key}.model_cfg={json.dumps(cfg)}")
     elif kind == "SAMTeacher":
-        kwargs = {**(init.get("encoder_kwargs") or {}), "depth": depth}
-        kwargs["global_attn_indexes"] = [depth - 1]
-        out.append(f"{key}.encoder_kwargs={json.dumps(kwargs)}")
-    elif "model_kwargs" in _init_parameters(entry["class_path"]):
+        kwargs = init.get("encoder_kwargs") or SAM_ENCODERS[init["model_type"]]
+        kwargs = {**kwargs, "depth": depth, "global_attn_indexes": [depth - 1]}
+        out += [f"{key}.model_type=null", f"{key}.encoder_kwargs={json.dumps(kwargs)}"]
+    elif "model_kwargs" in parameters:
         kwargs = {**(init.get("model_kwargs") or {}), "depth": depth}
         out.append(f"{key}.model_kwargs={json.dumps(kwargs)}")
     else:
@@ -137,12 +162,9 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
     return out
 
 
-def _init_parameters(class_path: str) -> set[str]:
-    import importlib
-    import inspect
-
+def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
     module, name = class_path.rsplit(".", 1)
-    return set(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+    return inspect.signature(getattr(importlib.import_module(module), name)).parameters
 
 
 def build(args: argparse.Namespace, overrides: list[str]) -> Any:
