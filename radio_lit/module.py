@@ -15,6 +15,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from radio_lit.cache.batch import CachedBatch, student_pixels
+from radio_lit.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
@@ -80,6 +81,8 @@ class DistillationModule(pl.LightningModule):
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: named teacher partitions with their own batch size, resolution(s) and
             ranks (AM-RADIO 4, PHI-S 3; default: one, RADIOv2.5 4.6); radio_lit.partitions.
+        compile: ``torch.compile`` the student and each teacher (``true``, or the keyword
+            arguments of ``torch.compile``); radio_lit.compiling.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class DistillationModule(pl.LightningModule):
         grid_policy: GridPolicy = "teacher",
         grid_policy_overrides: dict[str, GridPolicy] | None = None,
         partitions: dict[str, Partition] | None = None,
+        compile: CompileOption = False,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -139,6 +143,7 @@ class DistillationModule(pl.LightningModule):
         self.partitions = PartitionPlan(
             partitions, names, self.student_resolution, student.patch_size
         )
+        self.compile_option = compile
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
@@ -166,11 +171,13 @@ class DistillationModule(pl.LightningModule):
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``, shard the student and heads (FSDP2; teachers stay
-        replicated, :func:`radio_lit.students.sharding.shard_for_training`)."""
+        replicated, :func:`radio_lit.students.sharding.shard_for_training`); then compile the
+        student and teachers if ``compile`` says so."""
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
             shard_for_training(self.student, self.heads.values(), self.balancer, mesh, bf16)
+        compile_models([self.student, *self.teachers.values()], self.compile_option)
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""
