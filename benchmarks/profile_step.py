@@ -183,7 +183,7 @@ def build(args: argparse.Namespace, overrides: list[str]) -> Any:
         extra.append("--model.student.init_args.pretrained=false")
     root = tempfile.mkdtemp(prefix="profile_step_")
     extra += [
-        f"--trainer.max_steps={args.warmup + args.steps + 3}",
+        f"--trainer.max_steps={args.warmup + args.steps + 2}",  # + profiled, FLOP steps
         f"--trainer.default_root_dir={root}",
         "--trainer.enable_model_summary=false",
         "--trainer.enable_progress_bar=false",
