@@ -573,10 +573,7 @@ def report(args: argparse.Namespace, cli: Any, driver: Driver, notes: list[str])
         "a synchronisation when the tensor is on a GPU)"
         + (f", {syncs} synchronising CUDA calls" if cuda else "")
     )
-    student_batch = sum(
-        e.input_shapes[0][0] for e in by_phase.get("student forward", [])[:1] if e.input_shapes
-    )
-    floor = floor_counts(cli, student_batch or batch, device)
+    floor = floor_counts(cli, batch, device)  # the step's images (one partition)
     if floor is None:
         print("floor: n/a (the student is not a timm ViT)")
     else:
