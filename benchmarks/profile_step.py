@@ -147,6 +147,9 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
         import open_clip
 
         cfg = init.get("model_cfg") or open_clip.get_model_config(init["model_name"])
+        if "timm_model_name" in cfg["vision_cfg"]:  # a timm trunk: open_clip sets no depth
+            print(f"note: teacher {name} (open_clip timm trunk) kept at full depth")
+            return out
         cfg = {**cfg, "vision_cfg": {**cfg["vision_cfg"], "layers": depth}}
         cfg["text_cfg"] = {**cfg["text_cfg"], "layers": min(depth, cfg["text_cfg"]["layers"])}
         out.append(f"{key}.model_cfg={json.dumps(cfg)}")
@@ -158,7 +161,7 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
         kwargs = {**(init.get("model_kwargs") or {}), "depth": depth}
         out.append(f"{key}.model_kwargs={json.dumps(kwargs)}")
     else:
-        print(f"note: teacher {name} ({kind}) kept at full depth", file=sys.stderr)
+        print(f"note: teacher {name} ({kind}) kept at full depth")
     return out
 
 
