@@ -134,11 +134,14 @@ class _Step:
         self.layers = layers
         self.batched = not any(_is_sharded(layer.weight) for layer in layers)
         self.weights: dict[nn.Module, Tensor] = {}
+        self.with_grad = False
 
     def weight(self, layer: SpectralLinear) -> Tensor:
         if not self.batched:
             return effective_weights([layer])[0]
-        if not self.weights:
+        if not self.weights or (torch.is_grad_enabled() and not self.with_grad):
+            # (again if a no-grad forward came first: the gradient must reach W and the scale)
+            self.with_grad = torch.is_grad_enabled()
             self.weights = dict(zip(self.layers, effective_weights(self.layers), strict=True))
         return self.weights[layer]
 

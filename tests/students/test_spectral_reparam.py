@@ -271,3 +271,16 @@ def test_training_dispatches_about_what_a_plain_vit_dispatches():
         )
     assert forward.top_level <= 1.3 * plain_forward.top_level, (forward, plain_forward)
     assert backward.top_level <= 1.3 * plain_backward.top_level, (backward, plain_backward)
+
+
+def test_a_no_grad_forward_first_in_a_step_leaves_the_gradients_to_the_next():
+    student = tiny_student().train()
+    images = torch.randn(1, 3, 64, 64)
+    with spectral_step(student):
+        with torch.no_grad():
+            student(images)
+        before = student.blocks[0].attn.qkv.spectral_u.clone()
+        student(images).features.sum().backward()
+    qkv = student.blocks[0].attn.qkv
+    assert qkv.weight.grad is not None and qkv.spectral_scale.grad is not None
+    torch.testing.assert_close(qkv.spectral_u, before, rtol=0, atol=0)  # one iteration per step
