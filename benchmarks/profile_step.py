@@ -393,7 +393,8 @@ class Driver:
         elif mode == "flops":
             from torch.utils.flop_counter import FlopCounterMode
 
-            self.clock.flop_counter = FlopCounterMode(display=False)
+            mapping = _cpu_sdpa_mapping()
+            self.clock.flop_counter = FlopCounterMode(display=False, custom_mapping=mapping)
             self.clock.flop_counter.__enter__()
         self.clock.sync()
         self.start = time.perf_counter()
@@ -412,6 +413,30 @@ class Driver:
             self.step_flops = dict(self.clock.flops)
             self.step_flops["total"] = float(self.clock.flop_counter.get_total_flops())
         self.clock.mode = None
+
+
+def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_sdpa_backward_flops(grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any):
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad, query, key, value)
+
+
+def _cpu_sdpa_mapping() -> dict[Any, Any]:
+    """FlopCounterMode's formulas for SDPA's CPU kernel, which torch's registry lacks (it counts
+    the CUDA kernels and the math path: without these, attention FLOPs vanish on a CPU)."""
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+    }
 
 
 def attribute(events: list[Any]) -> dict[str, dict[str, Any]]:

@@ -50,3 +50,17 @@ def test_the_profiler_prints_every_column_for_the_quickstart(tmp_path):
     assert "floor (plain timm vit_tiny_patch16_224, same batch): forward" in out
     assert "student forward / floor:" in out and "top 12 operations by" in out
     assert trace.stat().st_size > 0
+
+
+def test_attention_flops_count_on_a_cpu_too():
+    """torch's FlopCounterMode has no formula for SDPA's CPU kernel; the profiler adds it:
+    4 * N^2 * d per head forward (QK^T and AV), 2.5x that backward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.profile_step import _cpu_sdpa_mapping
+
+    q = torch.randn(1, 2, 64, 32, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_mapping()) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+    assert counter.get_total_flops() == 3.5 * 4 * 64**2 * 32 * 2
