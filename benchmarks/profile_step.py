@@ -308,7 +308,7 @@ class Driver:
         self.step_flops: dict[str, float] = {}
         self.profile: Any = None
         self.start = 0.0
-        self.peak_memory = 0.0
+        self.backward: Any = None  # the open "backward" phase
         self.batch_shape: tuple[int, ...] = ()
 
     def schedule(self, step: int) -> str | None:
