@@ -279,7 +279,7 @@ class PlainLoop:
         import torch
         import torch.nn.functional as F
 
-        from radio_lit.students.spectral_reparam import request_power_iteration
+        from radio_lit.students.spectral_reparam import spectral_step
 
         batch = next(self.batches)
         crop = batch.to(self.device, non_blocking=True).float().div_(255.0)
@@ -289,8 +289,8 @@ class PlainLoop:
                 for n, t in self.teachers.items()
             }
             targets = {n: self.normalizers[n](o.features.float()) for n, o in outputs.items()}
-        request_power_iteration(self.student)  # σReparam: one power iteration per step
-        student = self.student(self.view(crop, self.resolution, *self.student_stats))
+        with spectral_step(self.student):  # σReparam: once per step, as the training step
+            student = self.student(self.view(crop, self.resolution, *self.student_stats))
         loss = 0.0
         for n, out in outputs.items():
             heads, target = self.heads[n], targets[n]

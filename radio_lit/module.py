@@ -17,6 +17,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from radio_lit.cache.batch import CachedBatch, student_pixels
+from radio_lit.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view, teacher_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
@@ -49,7 +50,7 @@ from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema, mesa_loss
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
-from radio_lit.students.spectral_reparam import request_power_iteration
+from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 
 NormalizerFactory = Callable[[int], Normalizer]
@@ -96,6 +97,8 @@ class DistillationModule(pl.LightningModule):
             forwards (report 2.4; radio_lit.students.damp); ``None``: off.
         mesa: an EMA student and the shift-equivariant MESA term (report 2.3.2;
             radio_lit.students.ema); ``None``: no EMA.
+        compile: ``torch.compile`` the student and each teacher (``true``, or the keyword
+            arguments of ``torch.compile``); radio_lit.compiling.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class DistillationModule(pl.LightningModule):
         shifts: PatchShifts | None = None,
         damp: DAMP | None = None,
         mesa: MESA | None = None,
+        compile: CompileOption = False,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -164,6 +168,7 @@ class DistillationModule(pl.LightningModule):
         self.shifts = shifts
         self.damp = damp
         self.mesa = mesa
+        self.compile_option = compile
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
@@ -203,7 +208,8 @@ class DistillationModule(pl.LightningModule):
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``, shard the student and heads and their EMA copy
-        (FSDP2; teachers stay replicated; radio_lit.students.sharding.shard_for_training)."""
+        (FSDP2; teachers stay replicated; radio_lit.students.sharding.shard_for_training);
+        then compile the student and teachers if ``compile`` says so (radio_lit.compiling)."""
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
@@ -212,6 +218,7 @@ class DistillationModule(pl.LightningModule):
                 shard_for_training(
                     self.ema.student, self.ema.heads.values(), nn.Module(), mesh, bf16
                 )
+        compile_models([self.student, *self.teachers.values()], self.compile_option)
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""
@@ -394,8 +401,8 @@ class DistillationModule(pl.LightningModule):
         self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
     def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
-        request_power_iteration(self.student)  # σReparam: one per step, not per forward
-        return self._shared_step(batch, "train")
+        with spectral_step(self.student):  # σReparam: once per step, all layers together
+            return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:
         ready = all(map(statistics_ready, self.teacher_statistics().values()))

@@ -6,8 +6,11 @@ the spectral norm of ``W``, estimated by one power iteration per training step (
 persist between steps; the gradient flows through ``sigma = u^T W v``), and ``gamma`` is a
 learned scale. "Per step", not per forward: a step may run the student more than once (a rank
 running several teacher partitions), and the estimate must not depend on how a step's work is
-split across ranks. :func:`request_power_iteration` (called by the training step) makes each
-layer refine ``u``, ``v`` on its next training forward, where FSDP2 has gathered the weight.
+split across ranks. :func:`spectral_step` (the scope of a training step) runs that iteration and
+computes the effective weights of all layers together, once per step, in a few batched
+operations (issue 25: per layer and per forward, σReparam made the student's forward dispatch
+9x the operations of a plain ViT); under FSDP2 each layer does it on its next training forward,
+where FSDP2 has gathered its weight (:func:`request_power_iteration`).
 AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
 student for all training stages, and PHI-S A.7 puts weight decay on the scale "to encourage
 the spectral norm to be small" — hence :data:`SPECTRAL_SCALE`, the parameter-name suffix the
@@ -38,6 +41,8 @@ State-dict names of one reparametrized layer (``C`` chunks; 3 for ``qkv``, else 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -57,17 +62,22 @@ _MIN_SOFTPLUS = 1e-5  # NVlabs/RADIO's smallest softplus value at initialization
 
 @torch.no_grad()
 def _power_iteration(mats: Tensor, u: Tensor, steps: int) -> tuple[Tensor, Tensor]:
-    """``steps`` power iterations on ``mats [C, m, n]`` from ``u [C, m]``: unit ``(u, v)``."""
+    """``steps`` power iterations on ``mats [K, m, n]`` from ``u [K, m]``: unit ``(u, v)``."""
     u = u.unsqueeze(-1)
     for _ in range(steps):
-        v = F.normalize(mats.transpose(1, 2) @ u, dim=1, eps=_EPS)
-        u = F.normalize(mats @ v, dim=1, eps=_EPS)
+        v = _unit(mats.mT @ u)
+        u = _unit(mats @ v)
     return u.squeeze(-1), v.squeeze(-1)
 
 
+def _unit(x: Tensor) -> Tensor:
+    """``x [K, d, 1]`` scaled to unit norm along ``d`` (``F.normalize`` in three operations)."""
+    return x / torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_EPS)
+
+
 def _sigma(mats: Tensor, u: Tensor, v: Tensor) -> Tensor:
-    """``[C]`` spectral-norm estimates ``u^T W v`` of ``mats [C, m, n]``."""
-    return (u.unsqueeze(1) @ mats @ v.unsqueeze(-1)).reshape(-1).clamp_min(_EPS)
+    """``[K, 1, 1]`` spectral-norm estimates ``u^T W v`` of ``mats [K, m, n]``."""
+    return (u.unsqueeze(1) @ mats @ v.unsqueeze(-1)).clamp_min(_EPS)
 
 
 @torch.no_grad()
@@ -77,7 +87,7 @@ def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     generator = torch.Generator().manual_seed(0)
     start = torch.randn(mats.shape[:2], generator=generator).to(mats.device)
     u, v = _power_iteration(mats, F.normalize(start, dim=-1), _INIT_POWER_ITERATIONS)
-    return u, v, _sigma(mats, u, v)
+    return u, v, _sigma(mats, u, v).reshape(-1)
 
 
 def _inverse_softplus(t: Tensor) -> Tensor:
@@ -91,6 +101,110 @@ def request_power_iteration(module: nn.Module) -> None:
     for layer in module.modules():
         if isinstance(layer, SpectralLinear):
             layer.power_iteration_due = True
+
+
+@contextmanager
+def spectral_step(module: nn.Module) -> Iterator[None]:
+    """One training step of every :class:`SpectralLinear` in ``module``: one power iteration
+    (:func:`request_power_iteration`) and the effective weights of all layers computed together,
+    by :func:`effective_weights`, at the step's first training forward, then shared by every
+    forward of the step (a rank running several partitions). Leaving the scope forgets them:
+    the next step (after the optimizer's update) computes new ones.
+
+    [choice] Under FSDP2 the other blocks' weights are sharded while one block runs, so each
+    layer computes its own effective weight at each forward (as outside this scope), with one
+    power iteration on its first forward of the step.
+    """
+    layers = [m for m in module.modules() if isinstance(m, SpectralLinear)]
+    request_power_iteration(module)
+    step = _Step(layers)
+    for layer in layers:
+        layer.current_step = step
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.current_step = None
+
+
+class _Step:
+    """The effective weights of one training step, computed at the first request."""
+
+    def __init__(self, layers: list[SpectralLinear]) -> None:
+        self.layers = layers
+        self.batched = not any(_is_sharded(layer.weight) for layer in layers)
+        self.weights: dict[nn.Module, Tensor] = {}
+        self.with_grad = False
+
+    def weight(self, layer: SpectralLinear) -> Tensor:
+        if not self.batched:
+            return effective_weights([layer])[0]
+        if not self.weights or (torch.is_grad_enabled() and not self.with_grad):
+            # (again if a no-grad forward came first: the gradient must reach W and the scale)
+            self.with_grad = torch.is_grad_enabled()
+            self.weights = dict(zip(self.layers, effective_weights(self.layers), strict=True))
+        return self.weights[layer]
+
+
+def _is_sharded(weight: Tensor) -> bool:
+    """Whether ``weight`` is an FSDP2 shard (a ``DTensor``) rather than the full weight."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(weight, DTensor)
+
+
+def effective_weights(layers: list[SpectralLinear]) -> list[Tensor]:
+    """``[out, in]`` per layer: ``gamma_c / sigma_c * W_c`` per chunk (eq. 3), the one place
+    where a :class:`SpectralLinear`'s applied weight is made.
+
+    Layers in training mode with a power iteration due first refine ``u``, ``v`` (one
+    iteration, no gradient). Chunks of the same shape ``[m, n]`` (and version, dtype, device)
+    are computed together as one ``[K, m, n]`` batch, whatever layer they belong to: on a ViT,
+    three batches (every q, k, v and proj chunk; every fc1; every fc2) instead of one chain of
+    small operations per layer. ``sigma`` is computed in float32 whatever the weight dtype; the
+    gradient flows through ``sigma`` to ``W`` and through ``gamma`` to ``spectral_scale``.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, layer in enumerate(layers):
+        refine = layer.training and layer.power_iteration_due
+        key = (*layer.spectral_v.shape[1:], *layer.spectral_u.shape[1:], layer.version, refine)
+        groups.setdefault((*key, layer.weight.dtype, layer.weight.device), []).append(i)
+    weights: dict[int, Tensor] = {}
+    for indices in groups.values():
+        weights.update(
+            zip(indices, _chunk_batch_weights([layers[i] for i in indices]), strict=True)
+        )
+    return [weights[i] for i in range(len(layers))]
+
+
+def _chunk_batch_weights(layers: list[SpectralLinear]) -> list[Tensor]:
+    """:func:`effective_weights` of ``layers`` whose chunks all have one shape ``[m, n]``."""
+    first = layers[0]
+    rows, cols = first.spectral_u.shape[1], first.in_features
+    weight = torch.cat([layer.weight for layer in layers])  # [sum(out), n]
+    mats = (weight if weight.dtype == torch.float32 else weight.float()).view(-1, rows, cols)
+    u = torch.cat([layer.spectral_u for layer in layers])  # [K, m]
+    v = torch.cat([layer.spectral_v for layer in layers])  # [K, n]
+    if first.training and first.power_iteration_due:
+        u, v = _power_iteration(mats.detach(), u, 1)
+        chunks = [layer.chunks for layer in layers]
+        torch._foreach_copy_([layer.spectral_u for layer in layers], u.split(chunks))
+        torch._foreach_copy_([layer.spectral_v for layer in layers], v.split(chunks))
+        for layer in layers:
+            layer.power_iteration_due = False
+    gamma = _gamma(torch.cat([layer.spectral_scale for layer in layers]), first.version)
+    scaled = (mats * (gamma.view(-1, 1, 1) / _sigma(mats, u, v))).view(-1, cols)
+    if scaled.dtype != weight.dtype:
+        scaled = scaled.to(weight.dtype)
+    return list(scaled.split([layer.out_features for layer in layers]))
+
+
+def _gamma(p: Tensor, version: int) -> Tensor:
+    """``gamma`` from the learned ``p``: ``p`` (version 1) or ``softplus(p) + 0.05``."""
+    p = p if p.dtype == torch.float32 else p.float()
+    return p if version == 1 else F.softplus(p) + MIN_SPECTRAL_SCALE
 
 
 class SpectralLinear(nn.Linear):
@@ -133,6 +247,7 @@ class SpectralLinear(nn.Linear):
         )
         self.register_buffer("spectral_v", torch.zeros(chunks, in_features, device=device))
         self.power_iteration_due = False
+        self.current_step: _Step | None = None
         self.reset_spectral_state()
 
     @classmethod
@@ -160,8 +275,7 @@ class SpectralLinear(nn.Linear):
 
     def scale(self) -> Tensor:
         """``[C]`` float32 ``gamma`` per chunk: ``p`` (version 1) or ``softplus(p) + 0.05``."""
-        p = self.spectral_scale.float()
-        return p if self.version == 1 else F.softplus(p) + MIN_SPECTRAL_SCALE
+        return _gamma(self.spectral_scale, self.version)
 
     def _parameter_for(self, gamma: Tensor) -> Tensor:
         """``[C]`` the ``p`` that gives ``gamma`` (version 2: clamped to ``0.05 + 1e-5``)."""
@@ -181,19 +295,12 @@ class SpectralLinear(nn.Linear):
         """``[out, in]`` the weight the layer applies: ``gamma_c / sigma_c * W_c`` per chunk.
 
         In training mode, when a power iteration is due (:func:`request_power_iteration`), one
-        power iteration (no gradient) first refines ``u`` and ``v``.
+        power iteration (no gradient) first refines ``u`` and ``v``. Inside
+        :func:`spectral_step`, the step's weights of all layers, computed together.
         """
-        weight = self.weight
-        mats = self._matrices(weight)
-        if self.training and self.power_iteration_due:
-            u, v = _power_iteration(mats.detach(), self.spectral_u.float(), 1)
-            self.spectral_u.copy_(u)
-            self.spectral_v.copy_(v)
-            self.power_iteration_due = False
-        u, v = self.spectral_u.float().clone(), self.spectral_v.float().clone()
-        factor = self.scale() / _sigma(mats, u, v)
-        scaled = mats * factor[:, None, None]
-        return scaled.reshape(self.out_features, self.in_features).to(weight.dtype)
+        if self.training and self.current_step is not None:
+            return self.current_step.weight(self)
+        return effective_weights([self])[0]
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.effective_weight(), self.bias)

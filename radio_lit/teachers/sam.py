@@ -27,6 +27,7 @@ from radio_lit.teachers.loading import (
     cast,
     read_state_dict,
 )
+from radio_lit.teachers.sam_attention import use_sdpa
 
 #: SAM's pixel normalization (``Sam.pixel_mean`` / ``pixel_std``) on the 0-1 scale.
 SAM_MEAN = (123.675 / 255, 116.28 / 255, 103.53 / 255)
@@ -101,6 +102,7 @@ class SAMTeacher(CanvasTeacher):
             mosaic,
         )
         encoder.neck = nn.Identity()  # features are taken before the neck
+        use_sdpa(encoder)  # relative positions as SDPA's additive mask: the same outputs
         self.model = cast(encoder, dtype)
         self._feature_dim = encoder.patch_embed.proj.out_channels
         self.freeze()

@@ -329,7 +329,11 @@ def test_fsdp2_shards_only_the_student_and_heads(
 
 
 def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
-    """Same data, seeds and steps: FSDP2's reduce-scatter gives DDP's all-reduced update."""
+    """Same data, seeds and steps: FSDP2's reduce-scatter gives DDP's all-reduced update.
+
+    Weights to float32 noise (atol 1e-5): under DDP σReparam computes all layers' effective
+    weights in one batch, under FSDP2 layer by layer (``spectral_step``), and AdamW turns the
+    ~1e-5 relative gradient differences of near-zero gradients into ~1e-5 weight differences."""
     ddp, fsdp2 = run("ddp")[0], run("fsdp2")[0]
     torch.testing.assert_close(
         torch.tensor(fsdp2["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5, atol=1e-6
@@ -339,6 +343,6 @@ def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
             fsdp2["weights"][-1][key],
             value,
             rtol=1e-4,
-            atol=1e-6,
+            atol=1e-5,
             msg=lambda m, k=key: f"FSDP2 and DDP final {k} differ: {m}",
         )

@@ -3,12 +3,16 @@
 import math
 
 import pytest
+import timm
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
+from benchmarks.dispatch import forward_backward_counts
 from radio_lit.optim import parameter_groups
-from radio_lit.students import SpectralLinear, fold_spectral_reparam
-from radio_lit.students.spectral_reparam import request_power_iteration
+from radio_lit.students import CPEViT, SpectralLinear, fold_spectral_reparam
+from radio_lit.students.spectral_reparam import request_power_iteration, spectral_step
 from tests.builders import tiny_student
 
 
@@ -179,3 +183,104 @@ def test_a_state_dict_of_the_other_version_is_refused_with_the_option_to_set():
     with pytest.raises(RuntimeError, match="spectral_reparam_version: 2"):
         SpectralLinear(6, 9).load_state_dict(v2.state_dict())
     SpectralLinear(6, 9, version=2).load_state_dict(v2.state_dict())
+
+
+def _reference_weights(student, weights, scales):
+    """Eq. 3 written out per layer and chunk, in float64, from tensors ``weights``/``scales``
+    (name -> the layer's ``weight`` / ``spectral_scale``): one power iteration from the stored
+    ``u``, then ``W_hat = gamma / (u^T W v) * W``. Returns ``{name: W_hat}`` and the new ``u``."""
+    out, refined = {}, {}
+    for name, layer in student.named_modules():
+        if not isinstance(layer, SpectralLinear):
+            continue
+        mats = weights[name].reshape(layer.chunks, -1, layer.in_features)
+        gamma = scales[name] if layer.version == 1 else F.softplus(scales[name]) + 0.05
+        chunks, us = [], []
+        for c in range(layer.chunks):
+            w = mats[c]
+            v = F.normalize(w.detach().T @ layer.spectral_u[c].double(), dim=0)
+            u = F.normalize(w.detach() @ v, dim=0)
+            chunks.append(gamma[c] / (u @ w @ v) * w)
+            us.append(u)
+        out[name], refined[name] = torch.cat(chunks), torch.stack(us).float()
+    return out, refined
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_training_step_computes_eq_3_for_all_layers_at_once(version):
+    """Inside ``spectral_step`` (what ``training_step`` uses) the effective weights of every
+    layer come from one batched computation shared by the step's forwards; the loss, the
+    gradients of W and of the scale, and the refined ``u`` equal eq. 3 written per layer (in
+    float64: float32 gradients through sigma differ by ~1e-4 with any summation order)."""
+    torch.manual_seed(0)
+    student = tiny_student(spectral_reparam_version=version).train()
+    with torch.no_grad():  # u, v no longer converged; scales away from sigma
+        for layer in student.modules():
+            if isinstance(layer, SpectralLinear):
+                layer.weight.mul_(torch.linspace(0.5, 2.0, layer.in_features))
+                layer.spectral_scale.mul_(0.7)
+    images = torch.randn(3, 3, 64, 64)
+    layers = {n: m for n, m in student.named_modules() if isinstance(m, SpectralLinear)}
+    weights = {n: m.weight.detach().double().requires_grad_() for n, m in layers.items()}
+    scales = {n: m.spectral_scale.detach().double().requires_grad_() for n, m in layers.items()}
+    hats, refined = _reference_weights(student, weights, scales)
+    plain = tiny_student(spectral_reparam=False).train()
+    plain.load_state_dict(
+        {k: v for k, v in student.state_dict().items() if "spectral_" not in k}, strict=True
+    )
+    plain.double()
+
+    def loss(out):
+        return out.features.square().mean() + out.summary.square().mean()
+
+    overrides = {f"{n}.weight": w for n, w in hats.items()}
+    torch.manual_seed(1)  # the same CPE position windows on both sides
+    expected = loss(functional_call(plain, overrides, (images[:1].double(),))) + loss(
+        functional_call(plain, overrides, (images[1:].double(),))
+    )
+    expected.backward()
+    torch.manual_seed(1)
+    with spectral_step(student):  # two forwards in one step (two partitions)
+        actual = loss(student(images[:1])) + loss(student(images[1:]))
+    actual.backward()
+    torch.testing.assert_close(actual, expected.float(), rtol=1e-5, atol=1e-6)
+    for name, layer in layers.items():
+        torch.testing.assert_close(layer.spectral_u, refined[name], rtol=1e-5, atol=1e-6)
+        for actual_grad, expected_grad in (
+            (layer.weight.grad, weights[name].grad),
+            (layer.spectral_scale.grad, scales[name].grad),
+        ):
+            error = (actual_grad - expected_grad.float()).norm() / expected_grad.norm()
+            assert error < 1e-3, (name, error)
+
+
+def test_training_dispatches_about_what_a_plain_vit_dispatches():
+    """Issue 25: with σReparam the student's training forward and backward dispatch at most
+    1.3x the top-level aten operations of a plain timm ViT-L/16 (24 blocks; operation counts do
+    not depend on the width, so a narrow one stands in). Per-layer σReparam: 9.1x and 2.6x."""
+    kwargs = dict(depth=24, embed_dim=32, num_heads=2)
+    images = torch.randn(1, 3, 128, 128)
+    plain = timm.create_model(
+        "vit_large_patch16_224", img_size=128, num_classes=0, **kwargs
+    ).train()
+    plain_forward, plain_backward = forward_backward_counts(plain, images, lambda y: y.sum())
+    student = CPEViT(model="vit_large_patch16_224", max_resolution=256, model_kwargs=kwargs)
+    with spectral_step(student):
+        forward, backward = forward_backward_counts(
+            student, images, lambda y: y.features.sum() + y.summary.sum()
+        )
+    assert forward.top_level <= 1.3 * plain_forward.top_level, (forward, plain_forward)
+    assert backward.top_level <= 1.3 * plain_backward.top_level, (backward, plain_backward)
+
+
+def test_a_no_grad_forward_first_in_a_step_leaves_the_gradients_to_the_next():
+    student = tiny_student().train()
+    images = torch.randn(1, 3, 64, 64)
+    with spectral_step(student):
+        with torch.no_grad():
+            student(images)
+        before = student.blocks[0].attn.qkv.spectral_u.clone()
+        student(images).features.sum().backward()
+    qkv = student.blocks[0].attn.qkv
+    assert qkv.weight.grad is not None and qkv.spectral_scale.grad is not None
+    torch.testing.assert_close(qkv.spectral_u, before, rtol=0, atol=0)  # one iteration per step

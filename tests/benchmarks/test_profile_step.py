@@ -1,0 +1,66 @@
+"""benchmarks/profile_step.py (issue 25): every column on the quickstart, and FLOPs counted by
+FlopCounterMode that agree with the textbook count of a plain ViT-L forward."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.profile_step import vit_forward_flops
+
+ROOT = Path(__file__).parents[2]  # the repository
+
+
+@pytest.mark.parametrize("size", [224, 256])
+def test_a_plain_vit_l_forward_counts_2_params_tokens_plus_attention(size):
+    counted, estimate = vit_forward_flops("vit_large_patch16_224", (size, size))
+    tokens = (size // 16) ** 2 + 1
+    assert estimate > 2 * 300e6 * tokens  # ViT-L: ~303 M matmul parameters
+    assert abs(counted / estimate - 1) < 0.05
+
+
+@pytest.mark.slow
+def test_the_profiler_prints_every_column_for_the_quickstart(tmp_path):
+    trace = tmp_path / "trace.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--warmup=1"]
+    command += ["--steps=1", f"--trace={trace}", "--data.init_args.batch_size=2"]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    header = next(line for line in out.splitlines() if line.startswith("phase"))
+    assert header.split() == ["phase", "ms", "aten", "top", "aten", "all", "syncs", "GFLOP"] + [
+        "TFLOP/s",
+        "%",
+        "peak",
+    ]
+    rows = {line[:22].strip(): line[22:].split() for line in out.splitlines()[1:]}
+    phases = ["views", "teacher clip", "teacher dino", "teacher sam", "student forward"]
+    phases += ["head clip", "head dino", "head sam", "grid matching", "normalizers", "losses"]
+    phases += ["backward", "optimizer", "guard", "data wait", "Lightning + logging", "step"]
+    for phase in phases:
+        assert phase in rows, (phase, out)
+        assert len(rows[phase]) == 7
+    assert int(rows["student forward"][1]) > 0 and float(rows["student forward"][4]) > 0
+    assert float(rows["backward"][4]) > float(rows["student forward"][4])  # ~2x the forward
+    for line in ("images/s:", "peak:", "peak memory:", "host-device synchronisations per step:"):
+        assert line in out
+    assert "floor (plain timm vit_tiny_patch16_224, same batch): forward" in out
+    assert "student forward / floor:" in out and "top 12 operations by" in out
+    assert trace.stat().st_size > 0
+
+
+def test_attention_flops_count_on_a_cpu_too():
+    """torch's FlopCounterMode has no formula for SDPA's CPU kernel; the profiler adds it:
+    4 * N^2 * d per head forward (QK^T and AV), 2.5x that backward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.profile_step import _cpu_sdpa_mapping
+
+    q = torch.randn(1, 2, 64, 32, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_mapping()) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+    assert counter.get_total_flops() == 3.5 * 4 * 64**2 * 32 * 2
