@@ -3,7 +3,7 @@
 On a GPU each operation that Python dispatches costs a few microseconds of host time (most
 launch a kernel), so a step that dispatches thousands of small operations is bound by the host,
 not by the device. Operation counts do not depend on the machine's load, which makes them the
-CPU-measurable proxy of that cost (issue 25).
+CPU-measurable proxy of that cost.
 
 "Top-level" operations are those not nested in another aten operation: what Python (or
 autograd's engine, for a backward) dispatches. "All" counts nested ones too.

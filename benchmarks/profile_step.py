@@ -1,4 +1,4 @@
-"""Where every millisecond of a training step goes: one command, any config, CPU or GPU (issue 25).
+"""Where every millisecond of a training step goes: one command, any config, CPU or GPU.
 
 Builds the config (and ``--model... --trainer... --data...`` overrides) with radio-lit's own
 ``RadioLitCLI``, at its real sizes with random weights (pretrained tags and checkpoints are

@@ -1,4 +1,4 @@
-"""``model.compile``: ``torch.compile`` of the student and of each teacher (issue 25).
+"""``model.compile``: ``torch.compile`` of the student and of each teacher.
 
 Each model is compiled in place (``nn.Module.compile``), so parameter names, state dicts and
 checkpoints stay those of the eager model. Under FSDP2 it runs after ``fully_shard`` (the order

@@ -8,7 +8,7 @@ learned scale. "Per step", not per forward: a step may run the student more than
 running several teacher partitions), and the estimate must not depend on how a step's work is
 split across ranks. :func:`spectral_step` (the scope of a training step) runs that iteration and
 computes the effective weights of all layers together, once per step, in a few batched
-operations (issue 25: per layer and per forward, σReparam made the student's forward dispatch
+operations (per layer and per forward, σReparam made the student's forward dispatch
 9x the operations of a plain ViT); under FSDP2 each layer does it on its next training forward,
 where FSDP2 has gathered its weight (:func:`request_power_iteration`).
 AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the

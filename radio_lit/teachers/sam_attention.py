@@ -1,4 +1,4 @@
-"""SAM's image-encoder attention through ``F.scaled_dot_product_attention`` (issue 25).
+"""SAM's image-encoder attention through ``F.scaled_dot_product_attention``.
 
 segment-anything's ``Attention`` materialises ``softmax(q k^T * scale + B) v`` by hand, with
 MViTv2's decomposed relative positions added as an explicit ``[B * heads, N, N]`` term

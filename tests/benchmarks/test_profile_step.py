@@ -1,4 +1,4 @@
-"""benchmarks/profile_step.py (issue 25): every column on the quickstart, and FLOPs counted by
+"""benchmarks/profile_step.py: every column on the quickstart, and FLOPs counted by
 FlopCounterMode that agree with the textbook count of a plain ViT-L forward."""
 
 import os

@@ -1,4 +1,4 @@
-"""``model.compile`` (issue 25): the student compiles without graph breaks, σReparam included,
+"""``model.compile``: the student compiles without graph breaks, σReparam included,
 and a compiled run trains with the eager run's losses."""
 
 import pytest

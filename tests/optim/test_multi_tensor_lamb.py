@@ -1,4 +1,4 @@
-"""The stage recipes' LAMB (timm ``Lamb``, PHI-S table 10) takes one multi-tensor step (issue 25).
+"""The stage recipes' LAMB (timm ``Lamb``, PHI-S table 10) takes one multi-tensor step.
 
 timm's ``Lamb`` has a ``torch._foreach_*`` implementation, but with ``foreach=None`` picks it only
 for plain CUDA tensors: on CPU, and for FSDP2's DTensors, it loops over the parameters (~14 top-

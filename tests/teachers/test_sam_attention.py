@@ -1,4 +1,4 @@
-"""Every attention of the student and the teachers goes through SDPA (issue 25); SAM's
+"""Every attention of the student and the teachers goes through SDPA; SAM's
 relative-position attention through SDPA with an additive mask gives segment-anything's
 outputs."""
 
