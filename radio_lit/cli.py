@@ -11,6 +11,7 @@ normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all
 from __future__ import annotations
 
 import importlib
+import shlex
 import shutil
 import sys
 import warnings
@@ -19,15 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
+from radio_lit.cluster import check_allocation, under_slurm
 from radio_lit.errors import (
     ConfigError,
+    Preempted,
     RadioLitError,
     checkpoint_file,
     checkpoint_mismatch,
@@ -38,6 +43,7 @@ from radio_lit.errors import (
 )
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
+from radio_lit.runs import prepare_fit
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -102,6 +108,8 @@ class RadioLitCLI(LightningCLI):
         (``data: radio_lit.cache.CachedViews``) builds :class:`~radio_lit.cache.CachedTeacher`
         in place of its teachers; its saved ``config.yaml`` keeps them as given."""
         self.hub.settle()
+        if self.subcommand in ("fit", "validate", "test"):
+            check_allocation(self.config[self.subcommand].get("trainer") or {})
         self.given_config = self.config
         self.config = _with_cached_teachers(self.config, self.subcommand)
         try:
@@ -122,14 +130,19 @@ class RadioLitCLI(LightningCLI):
             self.config = self.given_config
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, with :class:`ScheduleCheck` for ``fit``, and :class:`LineProgress` in
-        place of the TQDM bar when standard output is not a terminal."""
+        """The trainer, with :class:`ScheduleCheck` and :class:`Preemption` for ``fit``, and
+        :class:`LineProgress` in place of the TQDM bar when standard output is not a terminal.
+        Under SLURM, Lightning's own signal handling is off (:class:`Preemption` does it)."""
         self.config = self.given_config  # what SaveConfigCallback writes
+        config = self._get(self.config_init, "trainer", default={}) or {}
+        given = config.get("callbacks") or []
         added: list[Any] = []
         if self.subcommand == "fit":
             added.append(ScheduleCheck())
-        config = self._get(self.config_init, "trainer", default={}) or {}
-        given = config.get("callbacks") or []
+            if not any(isinstance(c, Preemption) for c in _as_list(given)):
+                added.append(Preemption())
+        if under_slurm():
+            kwargs["plugins"] = _without_slurm_requeue(config.get("plugins"))
         wants_bar = config.get("enable_progress_bar", True) is not False
         if wants_bar and not sys.stdout.isatty() and not _has_progress_bar(given):
             added.append(LineProgress())
@@ -140,7 +153,11 @@ class RadioLitCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; a user error stopping it removes the run folder it created
-        (when no checkpoint was written there), so that no empty ``version_N`` is left."""
+        (when no checkpoint was written there), so that no empty ``version_N`` is left. A
+        ``fit`` goes on in the folder of the run it resumes (:func:`radio_lit.runs.prepare_fit`)."""
+        if subcommand == "fit":
+            section = self.config_init[subcommand]
+            section["ckpt_path"] = prepare_fit(self.trainer, section.get("ckpt_path"))
         run_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
         existed = run_dir is not None and run_dir.exists()
         try:
@@ -227,9 +244,23 @@ def _parsers(parser: ArgumentParser) -> Iterator[ArgumentParser]:
         yield from _parsers(sub)
 
 
+def _as_list(items: Any) -> list[Any]:
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
 def _has_progress_bar(callbacks: Any) -> bool:
-    items = callbacks if isinstance(callbacks, list) else [callbacks]
-    return any(isinstance(c, ProgressBar) for c in items)
+    return any(isinstance(c, ProgressBar) for c in _as_list(callbacks))
+
+
+def _without_slurm_requeue(plugins: Any) -> list[Any]:
+    """``trainer.plugins`` with a :class:`SLURMEnvironment` whose ``auto_requeue`` is off, so
+    that Lightning never saves a checkpoint from inside its signal handler (Lightning issue
+    #21406); :class:`~radio_lit.callbacks.Preemption` saves and requeues instead."""
+    items = [p for p in _as_list(plugins) if p is not None]
+    slurm = [p for p in items if isinstance(p, SLURMEnvironment)]
+    for environment in slurm:
+        environment.auto_requeue = False
+    return items if slurm else [*items, SLURMEnvironment(auto_requeue=False)]
 
 
 #: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test: name ->
@@ -278,8 +309,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             if mismatch is None:
                 raise
             raise mismatch from error
+    except Preempted as stop:
+        if stop.announce:
+            print(_preempted_message(stop, args), file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
+
+
+def _preempted_message(stop: Preempted, args: list[str]) -> str:
+    """What a stopped run says: where it is, and how it goes on."""
+    lines = [
+        f"radio-lit: {stop.signal} received: every rank stopped after step {stop.step}",
+        f"run folder: {stop.run_dir}",
+        f"checkpoint: {stop.checkpoint}",
+    ]
+    if stop.requeued is not None:
+        lines.append(f"SLURM job {stop.requeued} requeued: it resumes from this checkpoint")
+        return "\n".join(lines)
+    if stop.requeue_error is not None:
+        lines.append(f"SLURM did not requeue the job: {stop.requeue_error}")
+    kept = [a for i, a in enumerate(args) if not _is_ckpt_path(args, i)]
+    command = shlex.join(["radio-lit", *kept, "--ckpt_path", str(stop.checkpoint)])
+    lines.append(f"resume with: {command}")
+    return "\n".join(lines)
+
+
+def _is_ckpt_path(args: list[str], i: int) -> bool:
+    """Whether ``args[i]`` is a ``--ckpt_path`` option or its value."""
+    return args[i].startswith("--ckpt_path") or (i > 0 and args[i - 1] == "--ckpt_path")
 
 
 if __name__ == "__main__":

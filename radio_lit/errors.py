@@ -14,6 +14,7 @@ import difflib
 import importlib
 import os
 import re
+import signal
 import sys
 import traceback
 import zipfile
@@ -45,6 +46,29 @@ class TrainingStopped(RadioLitError):
     """A run stopped on purpose (e.g. a non-finite loss), with the reason."""
 
     exit_code = 1
+
+
+class Preempted(RadioLitError):
+    """A run stopped by a signal at a step boundary, after every rank took part in saving
+    ``checkpoint`` (:class:`radio_lit.callbacks.Preemption`). The exit code is the shell's
+    for the signal (128 + its number: 143 for SIGTERM, 130 for Ctrl-C), so that a chained
+    ``radio-lit fit … && next-stage`` stops; ``requeued`` is the SLURM job that will go on."""
+
+    def __init__(
+        self,
+        signum: int,
+        step: int,
+        checkpoint: Path,
+        run_dir: Path,
+        requeued: str | None = None,
+        requeue_error: str | None = None,
+        announce: bool = True,
+    ) -> None:
+        self.signal = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
+        self.requeued, self.requeue_error, self.announce = requeued, requeue_error, announce
+        super().__init__(f"stopped by {self.signal} after step {step}; checkpoint: {checkpoint}")
 
 
 def config_error(error: BaseException, config: Mapping[str, Any] | None) -> ConfigError:
