@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _preempted_message(stop: Preempted, args: list[str]) -> str:
     """What a stopped run says: where it is, and how it goes on."""
     lines = [
-        f"radio-lit: {stop.signal} received: every rank stopped after step {stop.step}",
+        f"radio-lit: {stop.signal} received: every rank stopped after {stop.step} steps",
         f"run folder: {stop.run_dir}",
         f"checkpoint: {stop.checkpoint}",
     ]
