@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 from radio_lit.errors import ConfigError
 
@@ -25,8 +25,10 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 def under_slurm() -> bool:
-    """Whether this process is a task that ``srun`` started (not an interactive allocation)."""
-    return SLURMEnvironment.detect()
+    """Whether this process is a task that ``srun`` started (not an interactive allocation):
+    Lightning's :meth:`SLURMEnvironment.detect`, without its warning on machines with ``srun``."""
+    interactive = os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
+    return "SLURM_NTASKS" in os.environ and not interactive
 
 
 def slurm_job_id() -> str | None:
