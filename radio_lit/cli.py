@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -309,12 +310,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             if mismatch is None:
                 raise
             raise mismatch from error
+        finally:
+            _leave_process_group()
     except Preempted as stop:
         if stop.announce:
             print(_preempted_message(stop, args), file=sys.stderr, flush=True)
         sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group Lightning left initialized: a gloo group still alive when the
+    interpreter exits aborts the process (``terminate called without an active exception``,
+    SIGABRT), which torchrun and srun report as a failed run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _preempted_message(stop: Preempted, args: list[str]) -> str:
