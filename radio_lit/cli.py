@@ -11,7 +11,6 @@ normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all
 from __future__ import annotations
 
 import importlib
-import shlex
 import shutil
 import sys
 import warnings
@@ -38,6 +37,7 @@ from radio_lit.errors import (
     checkpoint_file,
     checkpoint_mismatch,
     config_error,
+    lost_rank,
     report,
     short_message,
     with_suggestions,
@@ -72,6 +72,8 @@ class RadioLitCLI(LightningCLI):
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         strict = {"exit_on_error": False, "allow_abbrev": False}
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in self.subcommands()}})
+        given = kwargs.get("args")
+        self.command_line = [str(a) for a in (sys.argv[1:] if given is None else given)]
         # Whether the Hub answers is found out while the arguments are parsed.
         self.hub = HubProbe().start()
         super().__init__(
@@ -140,8 +142,11 @@ class RadioLitCLI(LightningCLI):
         added: list[Any] = []
         if self.subcommand == "fit":
             added.append(ScheduleCheck())
-            if not any(isinstance(c, Preemption) for c in _as_list(given)):
-                added.append(Preemption())
+            preemption = next((c for c in _as_list(given) if isinstance(c, Preemption)), None)
+            if preemption is None:
+                preemption = Preemption()
+                added.append(preemption)
+            preemption.command = ["radio-lit", *self.command_line]
         if under_slurm():
             kwargs["plugins"] = _without_slurm_requeue(config.get("plugins"))
         wants_bar = config.get("enable_progress_bar", True) is not False
@@ -306,18 +311,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         except MisconfigurationException as error:  # Lightning: callbacks and trainer disagree
             raise ConfigError(f"trainer: {short_message(error)}") from error
         except RuntimeError as error:
-            mismatch = checkpoint_mismatch(error)
-            if mismatch is None:
+            known = checkpoint_mismatch(error) or _lost_rank(error)
+            if known is None:
                 raise
-            raise mismatch from error
+            raise known from error
         finally:
             _leave_process_group()
-    except Preempted as stop:
-        if stop.announce:
-            print(_preempted_message(stop, args), file=sys.stderr, flush=True)
+    except Preempted as stop:  # Preemption said where the run is and how it goes on
         sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
+
+
+def _lost_rank(error: RuntimeError) -> RadioLitError | None:
+    """``error`` as one line when a collective failed because another rank is gone."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return lost_rank(error, dist.get_rank(), dist.get_world_size())
 
 
 def _leave_process_group() -> None:
@@ -326,29 +337,6 @@ def _leave_process_group() -> None:
     SIGABRT), which torchrun and srun report as a failed run."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def _preempted_message(stop: Preempted, args: list[str]) -> str:
-    """What a stopped run says: where it is, and how it goes on."""
-    lines = [
-        f"radio-lit: {stop.signal} received: every rank stopped after {stop.step} steps",
-        f"run folder: {stop.run_dir}",
-        f"checkpoint: {stop.checkpoint}",
-    ]
-    if stop.requeued is not None:
-        lines.append(f"SLURM job {stop.requeued} requeued: it resumes from this checkpoint")
-        return "\n".join(lines)
-    if stop.requeue_error is not None:
-        lines.append(f"SLURM did not requeue the job: {stop.requeue_error}")
-    kept = [a for i, a in enumerate(args) if not _is_ckpt_path(args, i)]
-    command = shlex.join(["radio-lit", *kept, "--ckpt_path", str(stop.checkpoint)])
-    lines.append(f"resume with: {command}")
-    return "\n".join(lines)
-
-
-def _is_ckpt_path(args: list[str], i: int) -> bool:
-    """Whether ``args[i]`` is a ``--ckpt_path`` option or its value."""
-    return args[i].startswith("--ckpt_path") or (i > 0 and args[i - 1] == "--ckpt_path")
 
 
 if __name__ == "__main__":

@@ -49,26 +49,14 @@ class TrainingStopped(RadioLitError):
 
 
 class Preempted(RadioLitError):
-    """A run stopped by a signal at a step boundary, after every rank took part in saving
-    ``checkpoint`` (:class:`radio_lit.callbacks.Preemption`). The exit code is the shell's
-    for the signal (128 + its number: 143 for SIGTERM, 130 for Ctrl-C), so that a chained
-    ``radio-lit fit … && next-stage`` stops; ``requeued`` is the SLURM job that will go on."""
+    """A run stopped by a signal at a step boundary, after every rank took part in saving a
+    checkpoint (:class:`radio_lit.callbacks.Preemption`, which has said where it is and how the
+    run goes on). The exit code is the shell's for the signal (128 + its number: 143 for
+    SIGTERM, 130 for Ctrl-C), so that a chained ``radio-lit fit … && next-stage`` stops."""
 
-    def __init__(
-        self,
-        signum: int,
-        step: int,
-        checkpoint: Path,
-        run_dir: Path,
-        requeued: str | None = None,
-        requeue_error: str | None = None,
-        announce: bool = True,
-    ) -> None:
-        self.signal = signal.Signals(signum).name
+    def __init__(self, signum: int) -> None:
         self.exit_code = 128 + signum
-        self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
-        self.requeued, self.requeue_error, self.announce = requeued, requeue_error, announce
-        super().__init__(f"stopped by {self.signal} after step {step}; checkpoint: {checkpoint}")
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
 def config_error(error: BaseException, config: Mapping[str, Any] | None) -> ConfigError:
@@ -248,6 +236,32 @@ def checkpoint_mismatch(error: BaseException) -> ConfigError | None:
     return ConfigError(
         f"--ckpt_path: the checkpoint does not fit the configured model: {reason[:400]} "
         "(resume with the config of the run that wrote it)"
+    )
+
+
+#: What gloo and NCCL say when another rank of the group is gone.
+_PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "ncclRemoteError",
+)
+
+
+def lost_rank(error: BaseException, rank: int, world_size: int) -> TrainingStopped | None:
+    """A collective that failed because another rank died (killed, out of memory, its node
+    lost), as one line for rank ``rank``; ``None`` for other errors. The launcher names the
+    rank that died (``srun --kill-on-bad-exit=1``: ``task N: Killed``; torchrun: its root
+    cause table)."""
+    text = str(error)
+    if not isinstance(error, RuntimeError) or not any(m in text for m in _PEER_LOST):
+        return None
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]).split(". This is")[0]
+    return TrainingStopped(
+        f"rank {rank} of {world_size}: another rank of this run stopped ({reason[:200]}); "
+        "the launcher's log names it (srun: 'task N', torchrun: 'Root Cause'); resume from "
+        "the run's last checkpoint with --ckpt_path"
     )
 
 

@@ -22,7 +22,9 @@ checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C inter
 
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -75,6 +77,8 @@ class Preemption(Callback):
         self.received = 0  # the last stop signal this process received (0: none)
         self.stopping = 0  # the signal all ranks agreed to stop on (0: none)
         self.checkpoint: Path | None = None
+        #: the command line that started the run (``radio-lit fit`` sets it), for the message
+        self.command: list[str] | None = None
         self._batches = 0
         self._previous: dict[int, Any] = {}
 
@@ -134,20 +138,40 @@ class Preemption(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Stop before the batch after the saved step (its logs and validation are written);
-        under SLURM, requeue the job first (rank 0)."""
-        if not self.stopping:
+        """Stop before the batch after the saved step (its logs and validation are written):
+        under SLURM rank 0 requeues the job; rank 0 says where the run is and how it goes on;
+        then every rank raises :class:`~radio_lit.errors.Preempted` together (a rank that
+        exited early would make ``srun --kill-on-bad-exit`` end rank 0 mid-requeue)."""
+        if not self.stopping or self.checkpoint is None:
             return
-        assert self.checkpoint is not None
         run_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
-        job = slurm_job_id()
-        refused = requeue(job) if job is not None and trainer.is_global_zero else None
-        raise Preempted(
-            self.stopping,
-            step=trainer.global_step,
-            checkpoint=self.checkpoint,
-            run_dir=Path(run_dir) if run_dir else self.checkpoint.parent,
-            requeued=job if job is not None and refused is None else None,
-            requeue_error=refused,
-            announce=trainer.is_global_zero,
-        )
+        if trainer.is_global_zero:
+            job = slurm_job_id()
+            refused = requeue(job) if job is not None else None
+            lines = [
+                f"radio-lit: {signal.Signals(self.stopping).name} received: every rank stopped "
+                f"after {trainer.global_step} steps",
+                f"run folder: {run_dir or self.checkpoint.parent}",
+                f"checkpoint: {self.checkpoint}",
+            ]
+            if job is not None and refused is None:
+                lines.append(f"SLURM job {job} requeued: it resumes from this checkpoint")
+            else:
+                if refused is not None:
+                    lines.append(f"SLURM did not requeue job {job}: {refused}")
+                lines.append(f"resume with: {self._resume_command()}")
+            print("\n".join(lines), file=sys.stderr, flush=True)
+        trainer.strategy.barrier("preemption")
+        raise Preempted(self.stopping)
+
+    def _resume_command(self) -> str:
+        """:attr:`command` with ``--ckpt_path`` set to the checkpoint just written."""
+        if self.command is None:
+            return f"the same command with --ckpt_path {self.checkpoint}"
+        args = self.command
+        kept = [
+            a
+            for i, a in enumerate(args)
+            if not (a.startswith("--ckpt_path") or (i > 0 and args[i - 1] == "--ckpt_path"))
+        ]
+        return shlex.join([*kept, "--ckpt_path", str(self.checkpoint)])

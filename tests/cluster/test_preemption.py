@@ -29,6 +29,8 @@ CASES = {
     "one-rank": ([(1, 2, signal.SIGUSR1)], signal.SIGUSR1),
     "each-rank-another-step": ([(0, 2, signal.SIGINT), (1, 3, signal.SIGTERM)], signal.SIGINT),
 }
+#: a rank killed mid-forward (SIGKILL: nothing is saved)
+KILLED = [(1, 2, signal.SIGKILL)]
 
 
 def _start(folder: Path, sends: list[tuple[int, int, int]]) -> list[forking.Forked]:
@@ -57,7 +59,7 @@ def _start(folder: Path, sends: list[tuple[int, int, int]]) -> list[forking.Fork
 def runs(tmp_path_factory):
     """``{case: (folder, [outcome of each rank])}``; both cases run at once."""
     started = {}
-    for case, (sends, _) in CASES.items():
+    for case, sends in {**{c: s for c, (s, _) in CASES.items()}, "killed": KILLED}.items():
         folder = tmp_path_factory.mktemp(case)
         started[case] = (folder, _start(folder, sends))
     deadline = time.monotonic() + TIMEOUT_S
@@ -79,3 +81,14 @@ def test_every_rank_stops_after_the_same_step(runs, case):
     assert f"every rank stopped after {first + 1} steps" in outcomes[0].stderr
     assert "resume with: radio-lit fit" in outcomes[0].stderr
     assert "Traceback" not in logs
+
+
+def test_a_killed_rank_stops_the_other_with_one_line(runs):
+    """Rank 1 SIGKILLed in the middle of a step: rank 0, waiting for it in DDP's gradient
+    all-reduce, exits with status 1 and one line naming itself, not a traceback or a hang."""
+    folder, (rank0, rank1) = runs["killed"]
+    assert rank1.exitcode == -signal.SIGKILL
+    assert rank0.exitcode == 1, rank0.stderr[-3000:]
+    assert "Traceback" not in rank0.stderr
+    (line,) = [x for x in rank0.stderr.splitlines() if x.startswith("radio-lit: error:")]
+    assert "rank 0 of 2: another rank of this run stopped (" in line

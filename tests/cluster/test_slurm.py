@@ -66,7 +66,7 @@ def _config(folder: Path) -> Path:
             "init_args": {
                 "val_dir": None,
                 "repeats": 2,
-                "batch_size": 2,
+                "batch_size": 1,  # 10 steps an epoch: the signal lands mid-epoch
                 "crop_size": 96,
                 "num_workers": 1,
             }
