@@ -44,7 +44,7 @@ from radio_lit.errors import (
 )
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
-from radio_lit.runs import prepare_fit
+from radio_lit.runs import check_checkpoint_dir, prepare_fit
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -186,6 +186,9 @@ class RadioLitCLI(LightningCLI):
                 f"data.init_args.val_dir: radio-lit {command} reads the held-out images of "
                 "val_dir, which is not set; give --data.init_args.val_dir FOLDER"
             )
+
+    def before_fit(self) -> None:
+        check_checkpoint_dir(self.trainer, self.model)
 
     def before_validate(self) -> None:
         self._require_val_dir("validate")

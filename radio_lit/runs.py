@@ -17,6 +17,8 @@ that goes on after an interruption keeps its folder instead:
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -25,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from radio_lit.callbacks.preemption import checkpoint_dir
 from radio_lit.cluster import slurm_job_id
+from radio_lit.errors import ConfigError
 
 #: Loggers whose folder radio-lit chooses (they take a ``version``).
 _FOLDER_LOGGERS = (TensorBoardLogger, CSVLogger)
@@ -86,3 +89,35 @@ def prepare_fit(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
                 logger._kwargs.setdefault("purge_step", _checkpoint_step(newest))
             return str(newest)
     return ckpt_path
+
+
+#: ``[choice]`` a checkpoint holds the trainable weights and, per weight, about two optimizer
+#: moments (AdamW, LAMB): three times the weights' bytes, written twice at most at once
+#: (``last.ckpt`` is replaced by writing a new file first).
+_CHECKPOINT_COPIES = 6
+
+
+def check_checkpoint_dir(trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    """Refuse, before training, a checkpoint folder that cannot be written or has too little
+    free space for a checkpoint, rather than failing at the first save thousands of steps in.
+    Every rank checks the folder it would write to (on shared storage, the same one)."""
+    folder = checkpoint_dir(trainer)
+    key = "the checkpoint folder (ModelCheckpoint dirpath, or the logger's save_dir)"
+    probe = folder / f".radio-lit-write-test-{uuid.uuid4().hex}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"\0" * 4096)
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"{key}: {folder} cannot be written ({error.strerror or error}); give a writable "
+            "--trainer.default_root_dir or logger save_dir"
+        ) from error
+    weights = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    needed, free = weights * _CHECKPOINT_COPIES, shutil.disk_usage(folder).free
+    if free < needed:
+        raise ConfigError(
+            f"{key}: {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this model "
+            f"with its optimizer state needs about {needed / 2**30:.2f} GiB; free space or "
+            "give another --trainer.default_root_dir or logger save_dir"
+        )
