@@ -44,7 +44,7 @@ from radio_lit.errors import (
 )
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
-from radio_lit.runs import check_checkpoint_dir, prepare_fit
+from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -164,6 +164,7 @@ class RadioLitCLI(LightningCLI):
         if subcommand == "fit":
             section = self.config_init[subcommand]
             section["ckpt_path"] = prepare_fit(self.trainer, section.get("ckpt_path"))
+        name_run(self.trainer, subcommand, self.command_line)
         run_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
         existed = run_dir is not None and run_dir.exists()
         try:

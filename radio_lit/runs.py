@@ -12,17 +12,27 @@ that goes on after an interruption keeps its folder instead:
   on every start of the job, and it names the job whose ``slurm-<id>.out`` holds the output);
   a requeued job (``SLURM_RESTART_COUNT`` >= 1) given no ``--ckpt_path`` resumes the newest
   checkpoint of that folder, so the job goes on without the user's help.
+- Otherwise a run that differs from its config is named for the difference, as the ablation
+  runner names its rows: ``version_<N>-<what differs>``, from the command line's further
+  ``--config`` files (their stems) and ``--key value`` overrides (``normalizer=Standardize``,
+  ``data=CachedViews``), and ``version_<N>-test`` for ``radio-lit test`` / ``validate``
+  (:func:`name_run`). Options that say where or on what hardware a run goes, not what it
+  computes, are left out (:data:`NOT_NAMING`, ``[choice]``); ``config.yaml`` in the folder
+  holds the whole resolved config.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from radio_lit.callbacks.preemption import checkpoint_dir
@@ -121,3 +131,77 @@ def check_checkpoint_dir(trainer: pl.Trainer, module: pl.LightningModule) -> Non
             f"with its optimizer state needs about {needed / 2**30:.2f} GiB; free space or "
             "give another --trainer.default_root_dir or logger save_dir"
         )
+
+
+#: Command-line options that do not name a run (``[choice]``): where it writes or resumes,
+#: which hardware runs it, and what only changes how it is shown.
+NOT_NAMING = (
+    "ckpt_path",
+    "print_config",
+    "model.init_from",
+    "trainer.logger",
+    "trainer.default_root_dir",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.plugins",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "data.init_args.num_workers",
+)
+
+
+def _short(value: str) -> str:
+    """A value as a folder-name part: a class path's class, a file's stem."""
+    value = value.strip()
+    if value.startswith("{"):  # a JSON / YAML class_path mapping
+        loaded = yaml.safe_load(value)
+        value = str(loaded.get("class_path", value)) if isinstance(loaded, dict) else value
+    if "/" in value or value.endswith((".yaml", ".yml", ".ckpt")):
+        value = Path(value.rstrip("/")).stem or value
+    elif re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value):  # a class path
+        value = value.rsplit(".", 1)[-1]
+    return re.sub(r"[^\w.=+-]+", "_", value)[:40]
+
+
+def what_differs(command_line: Sequence[str]) -> list[str]:
+    """The parts of a ``radio-lit <subcommand> …`` command line that change the run its first
+    ``--config`` describes: further config files' stems and ``key=value`` overrides."""
+    args = [str(a) for a in command_line]
+    parts, configs, i = [], 0, 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            i += 1
+            continue
+        key, has_value, value = arg[2:].partition("=")
+        if not has_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, i = args[i + 1], i + 1
+        i += 1
+        if key == "config":
+            configs += 1
+            if configs > 1:
+                parts.append(_short(value))
+            continue
+        if key.startswith(NOT_NAMING):
+            continue
+        short = key.split(".", 1)[-1] if "." in key else key
+        short = short.replace("init_args.", "").removesuffix(".class_path")
+        parts.append(f"{short}={_short(value)}" if value else short)
+    return parts
+
+
+def name_run(trainer: pl.Trainer, subcommand: str, command_line: Sequence[str]) -> None:
+    """Name the run folder for what differs from the config (module docstring), unless the
+    folder is already chosen (a config's ``version``, a continued run, a SLURM job). The
+    number counts every ``version_<N>…`` folder of the logger (Lightning's skips named ones)."""
+    logger = _folder_logger(trainer)
+    if logger is None:
+        return
+    parts = ([] if subcommand == "fit" else [subcommand]) + what_differs(command_line)
+    save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+    root = Path(save_dir, str(logger.name or ""))
+    taken = [re.match(r"version_(\d+)", p.name) for p in root.glob("version_*")]
+    number = max((int(m.group(1)) + 1 for m in taken if m), default=0)
+    logger._version = "-".join([f"version_{number}", *parts])[:150]
