@@ -112,14 +112,18 @@ def short_message(error: BaseException) -> str:
 def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
     """``path`` checked as a readable training checkpoint, else a :class:`ConfigError`.
 
-    A missing file, a folder, or a file that is not a ``torch.save`` archive (truncated,
-    random bytes) is refused before anything is built, with the option that gave it.
+    A missing file, a folder (other than a sharded checkpoint: ``torch.distributed.checkpoint``
+    shards with their ``.metadata``), or a file that is not a ``torch.save`` archive
+    (truncated, random bytes) is refused before anything is built, with the option that gave
+    it.
 
     Args:
         path: the checkpoint file.
         option: the command-line option or config key that named it, e.g. ``"--ckpt_path"``.
     """
     file = Path(path).expanduser()
+    if file.is_dir() and (file / ".metadata").is_file():  # a sharded checkpoint folder
+        return file
     if not file.is_file():
         raise ConfigError(
             f"{option}: checkpoint {file} does not exist; give a .ckpt written by radio-lit fit "

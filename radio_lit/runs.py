@@ -53,6 +53,8 @@ def _folder_logger(trainer: pl.Trainer) -> TensorBoardLogger | CSVLogger | None:
 
 def _checkpoint_step(path: Path) -> int:
     """The ``global_step`` a checkpoint file was written at (read lazily: no tensor is loaded)."""
+    if path.is_dir():  # a sharded checkpoint: the step is in Lightning's meta.pt
+        path = path / "meta.pt"
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     return int(state.get("global_step", 0))
 
@@ -75,7 +77,8 @@ def continue_run(trainer: pl.Trainer, ckpt_path: str | os.PathLike[str]) -> bool
 
 
 def newest_checkpoint(trainer: pl.Trainer) -> Path | None:
-    """The most recently written ``*.ckpt`` of the run's checkpoint folder, if any."""
+    """The most recently written ``*.ckpt`` (file, or sharded checkpoint folder) of the run's
+    checkpoint folder, if any."""
     found = sorted(checkpoint_dir(trainer).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
@@ -83,7 +86,7 @@ def newest_checkpoint(trainer: pl.Trainer) -> Path | None:
 def prepare_fit(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
     """Choose the run folder of a ``fit`` and return the checkpoint it resumes (None: a new
     run). Called before any rank writes to the folder."""
-    if ckpt_path is not None and Path(ckpt_path).is_file():
+    if ckpt_path is not None and Path(ckpt_path).exists():
         continue_run(trainer, ckpt_path)
         return ckpt_path
     job = slurm_job_id()

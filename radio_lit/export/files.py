@@ -76,13 +76,14 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
 
     Args:
         path: ``<stem>.safetensors`` (with ``<stem>.json`` beside it), a RADIO-format
-            ``.pth`` from ``radio-lit export``, or a training ``.ckpt`` (exported on the fly).
+            ``.pth`` from ``radio-lit export``, or a training ``.ckpt`` (exported on the fly;
+            a file, or the folder of a sharded checkpoint).
         pad: accept any resolution, zero-padding the normalized image to a multiple of the
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not (path / ".metadata").is_file():  # a sharded .ckpt folder
         raise FileNotFoundError(f"{path} does not exist")
     if path.suffix == ".ckpt":
         from radio_lit.export.checkpoint import checkpoint_inference_model
