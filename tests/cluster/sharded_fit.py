@@ -3,7 +3,8 @@ the tiny module of tests/distributed with sharded checkpoints
 (``save_distributed_checkpoint=True``).
 
 ``main(out, devices, steps, ckpt_path)``: train to ``steps`` on ``devices`` gloo ranks (resuming
-``ckpt_path`` if given), a sharded checkpoint after every step in ``out/checkpoints``; rank 0
+``ckpt_path`` if given), a sharded checkpoint after every step in ``out/checkpoints`` (all
+kept, ``epoch=0-step=<N>.ckpt``, and ``last.ckpt``); rank 0
 writes ``out/state.pt``: the full model state (teachers excepted) and the full optimizer
 state, gathered from the shards, as the run ends.
 """
@@ -41,7 +42,7 @@ def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> No
     )
     module = build_module()
     checkpoints = ModelCheckpoint(
-        dirpath=str(out_dir / "checkpoints"), save_last=True, save_top_k=0, every_n_train_steps=1
+        dirpath=str(out_dir / "checkpoints"), save_last=True, save_top_k=-1, every_n_train_steps=1
     )
     callbacks = [TeacherStatsEstimation(steps=2, refit_every=1), RandomStates(), checkpoints]
     trainer = cpu_trainer(
