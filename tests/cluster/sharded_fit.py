@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from radio_lit.callbacks import RandomStates, TeacherStatsEstimation
+from radio_lit.callbacks import NonFiniteGuard, RandomStates, TeacherStatsEstimation
 from radio_lit.data import SyntheticDataModule
 from tests.builders import cpu_trainer
 from tests.distributed.distributed_fit import build_module
@@ -44,7 +44,8 @@ def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> No
     checkpoints = ModelCheckpoint(
         dirpath=str(out_dir / "checkpoints"), save_last=True, save_top_k=-1, every_n_train_steps=1
     )
-    callbacks = [TeacherStatsEstimation(steps=2, refit_every=1), RandomStates(), checkpoints]
+    statistics = TeacherStatsEstimation(steps=2, refit_every=1)
+    callbacks = [statistics, NonFiniteGuard(), RandomStates(), checkpoints]  # as the stages
     trainer = cpu_trainer(
         out_dir,
         devices=devices,
