@@ -200,14 +200,14 @@ def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupte
 def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     uninterrupted, tmp_path
 ):
-    """``kill -TERM`` (a scheduler's stop) in the middle of step 4's forward: the run saves
-    after that step, names its folder and the command that resumes, and exits 143 (so that
+    """``kill -TERM`` (a scheduler's stop) in the middle of step 3's forward, the last of an
+    epoch: the run saves after that step (the next run starts a new epoch), names its folder and the command that resumes, and exits 143 (so that
     ``fit && next`` stops); the printed command ends as the uninterrupted run does."""
     config = yaml.safe_load(write_config(tmp_path).read_text())
     config["trainer"]["callbacks"].append(
         {
             "class_path": "tests.cluster.signals.SignalAt",
-            "init_args": {"rank": 0, "step": 4, "signum": int(signal.SIGTERM)},
+            "init_args": {"rank": 0, "step": 3, "signum": int(signal.SIGTERM)},
         }
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
@@ -218,7 +218,7 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     args = shlex.split(command.removeprefix("resume with: "))
     checkpoint = tmp_path / "checkpoints" / "last-preempted.ckpt"
     assert args[0] == "radio-lit" and args[-2:] == ["--ckpt_path", str(checkpoint)]
-    assert torch.load(checkpoint, weights_only=True)["global_step"] == 5
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 4  # 2 batches an epoch
     resumed = forking.run("radio_lit.cli:main", [args[1:]], tmp_path / "resumed", 600)
     assert resumed.exitcode == 0, resumed.stderr[-4000:]
     assert_same_run(torch.load(tmp_path / "checkpoints" / "last.ckpt"), uninterrupted)
