@@ -136,6 +136,11 @@ def main() -> None:
             max(g[1] for g in gathered),
             max(g[2] for g in gathered),
         )
+        if int(os.environ.get("RANK", "0")) == 0:  # as it goes: a later save may not fit
+            print(
+                f"{'sharded' if distributed else 'consolidated'}: {results[distributed]}",
+                flush=True,
+            )
     if int(os.environ.get("RANK", "0")) == 0:
         world = os.environ.get("WORLD_SIZE", "1")
         print(f"{args.model}, LAMB, {world} CPU rank(s), FSDP2 (ModelParallelStrategy)")
