@@ -30,6 +30,7 @@ from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cluster import check_allocation, under_slurm
+from radio_lit.command_list import overview
 from radio_lit.errors import (
     ConfigError,
     Preempted,
@@ -44,6 +45,7 @@ from radio_lit.errors import (
 )
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
+from radio_lit.overlays import overlay_error
 from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
@@ -84,10 +86,15 @@ class RadioLitCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse; an unknown option or class name gets the closest known one suggested."""
+        """Parse; an unknown option or class name gets the closest known one suggested, an
+        overlay config given alone the full config to stack it on (:mod:`radio_lit.overlays`)."""
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
+            argv = sys.argv[1:] if args is None else args
+            overlay = overlay_error(str(error), argv if isinstance(argv, list) else [])
+            if overlay is not None:
+                raise ConfigError(overlay) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
 
@@ -295,11 +302,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     User errors (bad arguments or config values, missing files, unknown model names) print
     one message and exit with status 2; a run stopped by a training fault exits with 1;
-    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors).
+    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors). ``radio-lit --help``
+    lists every command (:mod:`radio_lit.command_list`); a bare ``radio-lit`` lists them
+    and exits with status 2.
     """
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch releases deprecate.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):  # every command, not LightningCLI's four
+        if args:
+            print(overview(SUBCOMMANDS))
+            return
+        sys.stderr.write(overview(SUBCOMMANDS) + "\n")
+        sys.exit(ConfigError.exit_code)
     try:
         if args and args[0] in SUBCOMMANDS:
             module, function = SUBCOMMANDS[args[0]].split(":")

@@ -7,10 +7,12 @@ students.sharding, export (checkpoints), cache (recorded teacher outputs).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
@@ -20,6 +22,7 @@ from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
 from radio_lit.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
+from radio_lit.losses.angular import summary_dispersions
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.metrics.logging import epoch_logs, logs_this_step, step_logs
 from radio_lit.normalizers import Identity, Normalizer
@@ -31,6 +34,7 @@ from radio_lit.normalizers.statistics import (
 from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
 from radio_lit.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
 from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
+from radio_lit.shifts import PatchShifts, shift_view
 from radio_lit.step import (
     TeacherMatch,
     balanced_loss,
@@ -40,7 +44,9 @@ from radio_lit.step import (
     teacher_outputs,
     to_loss_grid,
 )
-from radio_lit.students import Student
+from radio_lit.students import Student, StudentOutput
+from radio_lit.students.damp import DAMP, weight_noise
+from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema, mesa_loss
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
 from radio_lit.students.spectral_reparam import request_power_iteration
@@ -51,7 +57,8 @@ NormalizerFactory = Callable[[int], Normalizer]
 #: Modules and factories: recorded by the CLI's config.yaml, not in the checkpoint, so that
 #: checkpoints load with torch.load(weights_only=True).
 _NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
-_NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions")
+_NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions", "shifts")
+_NOT_HYPERPARAMETERS += ("damp", "mesa")
 
 
 class DistillationModule(pl.LightningModule):
@@ -67,7 +74,9 @@ class DistillationModule(pl.LightningModule):
         normalizer: normalizer kind of every teacher (PHI-S 2.2; ``Identity``: MSE baseline).
         normalizer_overrides: per-teacher normalizer kinds that replace ``normalizer``.
         loss: feature loss (PHI-S eqs. 1-4) on the normalized target; ``MSE`` by default.
-        summary_loss: summary loss; cosine distance by default (AM-RADIO eq. 2).
+        summary_loss: summary loss; cosine distance by default (AM-RADIO eq. 2);
+            ``AngleBalanced`` divides by each teacher's summary dispersion, a teacher
+            statistic estimated like the normalizers' (C-RADIOv4 report 2.5).
         feature_weights: per-teacher feature loss weights ``gamma_k`` (default 1).
         summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1).
         balancer: combines the loss terms (``Weighted``, AM-RADIO 3.4.1; radio_lit.losses).
@@ -80,6 +89,13 @@ class DistillationModule(pl.LightningModule):
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: named teacher partitions with their own batch size, resolution(s) and
             ranks (AM-RADIO 4, PHI-S 3; default: one, RADIOv2.5 4.6); radio_lit.partitions.
+        shifts: shift-equivariant training (C-RADIOv4 report 2.3.1): every training step,
+            the student and each live teacher see their view shifted by whole patches, and
+            the feature loss is averaged over the overlap; ``None``: unshifted views.
+        damp: multiplicative weight noise on the student's linear layers in training
+            forwards (report 2.4; radio_lit.students.damp); ``None``: off.
+        mesa: an EMA student and the shift-equivariant MESA term (report 2.3.2;
+            radio_lit.students.ema); ``None``: no EMA.
     """
 
     def __init__(
@@ -103,6 +119,9 @@ class DistillationModule(pl.LightningModule):
         grid_policy: GridPolicy = "teacher",
         grid_policy_overrides: dict[str, GridPolicy] | None = None,
         partitions: dict[str, Partition] | None = None,
+        shifts: PatchShifts | None = None,
+        damp: DAMP | None = None,
+        mesa: MESA | None = None,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -126,6 +145,9 @@ class DistillationModule(pl.LightningModule):
         self.min_lr_ratio = min_lr_ratio
 
         self.normalizers = teacher_normalizers(teachers, normalizer, normalizer_overrides)
+        self.dispersions = summary_dispersions(
+            {n: t.summary_dim for n, t in teachers.items()}, self.summary_loss
+        )
         self.heads = teacher_heads(
             student.embed_dim, {n: (t.feature_dim, t.summary_dim) for n, t in teachers.items()}
         )
@@ -139,11 +161,17 @@ class DistillationModule(pl.LightningModule):
         self.partitions = PartitionPlan(
             partitions, names, self.student_resolution, student.patch_size
         )
+        self.shifts = shifts
+        self.damp = damp
+        self.mesa = mesa
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
         if init_from is not None:
             self.load_student_weights(init_from)
+        self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
+        if mesa is not None:
+            self.register_load_state_dict_pre_hook(fill_missing_ema)
 
     def load_student_weights(self, checkpoint: str) -> None:
         """Take the student and head weights of an earlier stage's checkpoint (weights only;
@@ -153,7 +181,14 @@ class DistillationModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Every rank: teachers' accumulators that rank 0 does not hold reach it, then it saves."""
-        complete_checkpoint(self.normalizers, self.partitions.sources, checkpoint["state_dict"])
+        for prefix, statistics in self.teacher_statistics().items():
+            sources, state = self.partitions.sources, checkpoint["state_dict"]
+            complete_checkpoint(statistics, sources, state, prefix)
+
+    def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
+        """Every per-teacher statistic estimated in the estimation steps, by attribute name:
+        the normalizers and the summary dispersions (``AngleBalanced`` only)."""
+        return {"normalizers": self.normalizers, "dispersions": self.dispersions}
 
     def setup(self, stage: str) -> None:
         """Place the partitions on this run's ranks; give each teacher's normalizer the
@@ -162,15 +197,21 @@ class DistillationModule(pl.LightningModule):
         self.partitions.check_strategy(self.trainer.strategy)
         if not self.partitions.single:
             for name, (group, source) in self.partitions.process_groups().items():
-                self.normalizers[name].set_process_group(group, source)
+                for statistics in self.teacher_statistics().values():
+                    if name in statistics:
+                        statistics[name].set_process_group(group, source)
 
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``, shard the student and heads (FSDP2; teachers stay
-        replicated, :func:`radio_lit.students.sharding.shard_for_training`)."""
+        """Under ``ModelParallelStrategy``, shard the student and heads and their EMA copy
+        (FSDP2; teachers stay replicated; radio_lit.students.sharding.shard_for_training)."""
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
             shard_for_training(self.student, self.heads.values(), self.balancer, mesh, bf16)
+            if self.ema is not None:  # sharded alike, so that its update pairs shard with shard
+                shard_for_training(
+                    self.ema.student, self.ema.heads.values(), nn.Module(), mesh, bf16
+                )
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""
@@ -215,11 +256,20 @@ class DistillationModule(pl.LightningModule):
         self, outputs: Sequence[Mapping[str, TeacherOutput]]
     ) -> list[dict[str, Tensor]]:
         """Teacher features ``[{name: [B, H, W, C]}]`` (one dict per chunk) in each normalizer's
-        target space, after this step's statistics update while estimation is on."""
+        target space, after this step's statistics update (features, and summaries for the
+        dispersions) while estimation is on."""
         features = [{name: out.features for name, out in chunk.items()} for chunk in outputs]
         if self.estimate_statistics:
-            sources = self.partitions.sources
-            accumulate_statistics(self.normalizers, features, self.refit_statistics, sources)
+            sources, refit = self.partitions.sources, self.refit_statistics
+            seen = [  # tokens of shifted views that show the image only
+                {n: o.features if o.valid is None else o.features[o.valid] for n, o in c.items()}
+                for c in outputs
+            ]
+            accumulate_statistics(self.normalizers, seen, refit, sources)
+            summaries = [
+                {n: o.summary for n, o in c.items() if o.summary is not None} for c in outputs
+            ]
+            accumulate_statistics(self.dispersions, summaries, refit, sources)
         return [{n: self.normalizers[n](f.float()) for n, f in chunk.items()} for chunk in features]
 
     def match(
@@ -228,30 +278,101 @@ class DistillationModule(pl.LightningModule):
         outputs: Mapping[str, TeacherOutput],
         targets: Mapping[str, Tensor],
         student_resolution: tuple[int, int] | None = None,
+        shift: Tensor | None = None,
     ) -> dict[str, TeacherMatch]:
-        """The student on its view of ``crop``: its prediction of every teacher by the target."""
-        size = student_resolution or self.student_resolution
-        student = self.student(teacher_view(crop, size, self.student_mean, self.student_std))
-        return match_teachers(student, self.heads, outputs, targets, self.summary_token)
+        """The student on its view of ``crop`` (shifted by ``shift [B, 2]`` whole patches,
+        radio_lit.shifts): its prediction of every teacher by the target."""
+        student = self.run_student(crop, student_resolution, shift)
+        heads, token = self.heads, self.summary_token
+        return match_teachers(student, heads, outputs, targets, token, shift)
+
+    def run_student(
+        self,
+        crop: Tensor,
+        resolution: tuple[int, int] | None = None,
+        shift: Tensor | None = None,
+        student: nn.Module | None = None,
+    ) -> StudentOutput:
+        """``student`` (default: the live one, with DAMP's weight noise in training) on its
+        view of ``crop`` at ``resolution``, shifted by ``shift [B, 2]`` whole patches."""
+        size = resolution or self.student_resolution
+        if shift is not None:
+            pixels = resize_view(crop, size)
+            crop = shift_view(pixels, shift, self.student.patch_size, self.student_mean)
+        view = teacher_view(crop, size, self.student_mean, self.student_std)
+        if student is not None:
+            return student(view)
+        with weight_noise(self.damp, self.student, self.training):
+            return self.student(view)
+
+    def mesa_term(self, chunk: Chunk, online: StudentOutput) -> Tensor:
+        """The MESA term of a chunk (report 2.3.2; radio_lit.students.ema): the EMA student
+        on its own view (its own shift, drawn like the student's) against ``online``."""
+        assert self.mesa is not None and self.ema is not None
+        shift = chunk.shifts.student if chunk.shifts is not None else None
+        ema_shift = None
+        if self.shifts is not None and self.shifts.student:
+            ema_shift = self.shifts.draw(chunk.crop.shape[0]).to(chunk.crop.device)
+        with torch.no_grad():
+            ema = self.run_student(chunk.crop, chunk.resolution, ema_shift, self.ema.student)
+        maps, ema_maps = {}, {}
+        if self.mesa.applies_to in ("backbone", "both"):
+            maps["backbone"], ema_maps["backbone"] = online.features, ema.features
+        if self.mesa.applies_to in ("heads", "both"):
+            for name in chunk.teachers:
+                maps[name] = self.heads[name].features(online.features)
+                with torch.no_grad():
+                    ema_maps[name] = self.ema.heads[name].features(ema.features)
+        return mesa_loss(maps, ema_maps, shift, ema_shift)
+
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        """After each optimizer step: the EMA student follows (report 2.3.2)."""
+        if self.ema is not None:
+            self.ema.update(self.student, self.heads)
+
+    def shifted(self, chunk: Chunk, batch: Tensor | CachedBatch) -> Chunk:
+        """``chunk`` with this step's view shifts (radio_lit.shifts); a cached teacher's
+        outputs are of its unshifted view, so only live teachers are shifted."""
+        assert self.shifts is not None
+        live = () if isinstance(batch, CachedBatch) else chunk.teachers
+        shifts = self.shifts.chunk_shifts(chunk.crop.shape[0], live, chunk.crop.device)
+        return dataclasses.replace(chunk, shifts=shifts)
 
     def distillation_losses(
         self, matches: Mapping[str, TeacherMatch], per_sample: bool = False
     ) -> dict[str, Tensor]:
         """Per-teacher loss terms ``"<teacher>/feature_loss"`` etc. (scalars, or ``[B]``)."""
-        return distillation_losses(matches, self.feature_loss, self.summary_loss, per_sample)
+        dispersions = {name: d.value() for name, d in self.dispersions.items()}
+        return distillation_losses(
+            matches, self.feature_loss, self.summary_loss, per_sample, dispersions
+        )
 
     def _shared_step(self, batch: Tensor | CachedBatch, stage: str) -> Tensor:
         train = stage == "train"
         crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
+        if train and self.shifts is not None:  # shift-equivariant views
+            chunks = [self.shifted(c, batch) for c in chunks]
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
-        matches = [  # student and heads
-            self.match(c.crop, out, target, c.resolution)
-            for c, out, target in zip(chunks, outputs, targets, strict=True)
+        shifts = [c.shifts.student if c.shifts is not None else None for c in chunks]
+        students = [  # student (DAMP noise in training)
+            self.run_student(c.crop, c.resolution, shift)
+            for c, shift in zip(chunks, shifts, strict=True)
+        ]
+        matches = [  # heads
+            match_teachers(s, self.heads, out, target, self.summary_token, shift)
+            for s, out, target, shift in zip(students, outputs, targets, shifts, strict=True)
         ]
         terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss
         loss = balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
+        if train and self.mesa is not None and self.mesa.weight > 0:  # EMA student
+            mesa = sum(
+                c.weight * self.mesa_term(c, s) for c, s in zip(chunks, students, strict=True)
+            )
+            loss = loss + self.mesa.weight * mesa
+            if logs_this_step(self._trainer):
+                self.log("train/mesa_loss", mesa, batch_size=crop.shape[0])
         if train:  # every head in every rank's backward (DDP)
             idle = self.partitions.idle_teachers()
             loss = loss + idle_heads_term(self.heads, idle, self.student.embed_dim).to(loss)
@@ -277,7 +398,8 @@ class DistillationModule(pl.LightningModule):
         return self._shared_step(batch, "train")
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> Tensor | None:
-        if self.trainer.sanity_checking and not statistics_ready(self.normalizers):
+        ready = all(map(statistics_ready, self.teacher_statistics().values()))
+        if self.trainer.sanity_checking and not ready:
             return None  # a fresh stage has no teacher statistics before its first step
         return self._shared_step(batch, "val")
 

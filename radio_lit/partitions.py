@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from radio_lit.shifts import ChunkShifts
 from radio_lit.students.heads import TeacherHeads
 
 
@@ -54,12 +55,19 @@ class Partition:
             step from torch's global RNG (RADIOv2.5 4.2 multi-resolution training);
             ``None``: ``model.student_resolution``.
         rank_share: relative share of the ranks (and of the update, see the module docstring).
+        probabilities: the chance of each of ``resolutions`` in a step's draw (C-RADIOv4
+            report 2.2: per-step draws within each partition; the report gives none);
+            ``None``: uniform.
+        eval_resolution: the side the partition is validated at; ``None``: the first of
+            ``resolutions``.
     """
 
     teachers: list[str] | None = None
     batch_size: int | None = None
     resolutions: list[int] | None = None
     rank_share: float = 1.0
+    probabilities: list[float] | None = None
+    eval_resolution: int | None = None
 
 
 @dataclass
@@ -77,6 +85,8 @@ class Chunk:
             once whatever the number of ranks it is split over.
         rows: the rows of the rank's batch that ``crop`` holds (what else the batch carries
             for these images, e.g. cached teacher outputs, is sliced alike).
+        shifts: the views' shifts this step (shift-equivariant training, radio_lit.shifts);
+            ``None``: unshifted views.
     """
 
     partition: str
@@ -86,6 +96,7 @@ class Chunk:
     weight: float
     fraction: float = 1.0
     rows: slice = field(default_factory=lambda: slice(None))
+    shifts: ChunkShifts | None = None
 
 
 def assign_ranks(shares: Sequence[float], world_size: int) -> list[list[int]]:
@@ -179,6 +190,20 @@ class PartitionPlan:
                     f"{key}.resolutions={sides} must list positive multiples of the student's "
                     f"patch size {patch_size}"
                 )
+            chances = part.probabilities
+            if chances is not None and (
+                len(chances) != len(sizes) or min(chances) < 0 or not sum(chances) > 0
+            ):
+                raise ValueError(
+                    f"{key}.probabilities={chances} must give one chance >= 0 per resolution "
+                    f"({len(sizes)}), not all 0"
+                )
+            evaluated = part.eval_resolution
+            if evaluated is not None and (evaluated < 1 or evaluated % patch_size):
+                raise ValueError(
+                    f"{key}.eval_resolution={evaluated} must be a positive multiple of the "
+                    f"student's patch size {patch_size}"
+                )
             self.partitions[name] = part
             self.resolutions[name] = sizes
             self.members[name] = tuple(t for t in self.teachers if t in members)
@@ -248,44 +273,65 @@ class PartitionPlan:
         return None if batch is None else batch // len(self.placement.ranks[name])
 
     # -- one step -----------------------------------------------------------------------------
+    def rows(self, batch: int) -> dict[str, slice]:
+        """The rows of a training batch of ``batch`` crops that each partition of this rank
+        takes (in partition order, consecutive and disjoint; see the module docstring)."""
+        placement = self.placement
+        taken, start = {}, 0
+        for name in self.partitions:
+            if placement.rank not in placement.ranks[name]:
+                continue
+            count = self._per_rank(name)
+            stop = batch if count is None else start + count
+            if stop > batch:
+                raise ValueError(
+                    f"rank {placement.rank}'s partitions need {self.rank_batch_size()} images "
+                    f"per step but the batch holds {batch}: set data.init_args."
+                    f"batch_size to at least {self.rank_batch_size()}"
+                )
+            taken[name], start = slice(start, stop), stop
+        return taken
+
     def chunks(self, crop: Tensor, train: bool) -> list[Chunk]:
         """This rank's chunks of the crops ``[B, 3, S, S]`` for one step.
 
-        Training: the rank's partitions take consecutive slices of the batch, each draws one of
-        its resolutions (torch's global RNG) and is weighted ``s_p W / |R_p|``. Evaluation:
-        every partition runs on the whole batch at its first resolution, weighted ``s_p``, so
-        that every teacher is evaluated on every rank.
+        Training: the rank's partitions take consecutive slices of the batch (:meth:`rows`),
+        each draws one of its resolutions (torch's global RNG; with its ``probabilities``) and
+        is weighted ``s_p W / |R_p|``. Evaluation: every partition runs on the whole batch at
+        its ``eval_resolution`` (default: its first resolution), weighted ``s_p``, so that every
+        teacher is evaluated on every rank.
         """
         placement = self.placement
         total_share = sum(p.rank_share for p in self.partitions.values())
-        chunks, start = [], 0
+        taken = self.rows(crop.shape[0]) if train else {}
+        chunks = []
         for name, part in self.partitions.items():
             share = part.rank_share / total_share
             sizes = self.resolutions[name]
             if not train:
-                chunks.append(Chunk(name, crop, self.members[name], sizes[0], share))
+                side = part.eval_resolution
+                size = sizes[0] if side is None else (side, side)
+                chunks.append(Chunk(name, crop, self.members[name], size, share))
+                continue
+            if name not in taken:
                 continue
             ranks = placement.ranks[name]
-            if placement.rank not in ranks:
-                continue
-            count = self._per_rank(name)
-            stop = crop.shape[0] if count is None else start + count
-            if stop > crop.shape[0]:
-                raise ValueError(
-                    f"rank {placement.rank}'s partitions need {self.rank_batch_size()} images "
-                    f"per step but the batch holds {crop.shape[0]}: set data.init_args."
-                    f"batch_size to at least {self.rank_batch_size()}"
-                )
-            pick = int(torch.randint(len(sizes), ())) if len(sizes) > 1 else 0
+            pick = self._draw(name) if len(sizes) > 1 else 0
             weight = share * placement.world_size / len(ranks)
-            rows = slice(start, stop)
+            rows = taken[name]
             chunks.append(
                 Chunk(
                     name, crop[rows], self.members[name], sizes[pick], weight, 1 / len(ranks), rows
                 )
             )
-            start = stop
         return chunks
+
+    def _draw(self, name: str) -> int:
+        """The index of partition ``name``'s resolution this step (torch's global RNG)."""
+        chances = self.partitions[name].probabilities
+        if chances is None:
+            return int(torch.randint(len(self.resolutions[name]), ()))
+        return int(torch.multinomial(torch.tensor(chances, dtype=torch.float), 1))
 
     def check_strategy(self, strategy: object) -> None:
         """Refuse strategies under which these partitions would silently go wrong.

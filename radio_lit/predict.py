@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
@@ -45,6 +45,7 @@ from radio_lit.data.image_folder import list_images, resolve_image_root
 from radio_lit.data.shards import decode_image, existing_shard_urls
 from radio_lit.data.transforms import UnreadableImageError, load_rgb
 from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
+from radio_lit.export.files import model_file, save_umask_file
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class ShardWriter:
         tensors = {
             k: torch.cat(v).to(self.dtype).contiguous() for k, v in sorted(self._rows.items())
         }
-        save_file(tensors, str(self.folder / name), metadata={"format": "pt"})
+        save_umask_file(tensors, self.folder / name)
         self.shards.append({"file": name, "images": self._names})
         self._names, self._rows = [], {}
 
@@ -263,7 +264,7 @@ def main(argv: Sequence[str]) -> None:
         source = checkpoint_file(args.ckpt_path, "--ckpt_path")
         model = radio_lit.load(source, pad=args.pad, config=args.run_config)
     else:
-        source = args.model_path
+        source = model_file(args.model_path, "--model_path")
         model = radio_lit.load(source, pad=args.pad)
     extras = model.config["radio_lit"]
     size = _resolution(args.resolution, extras, args.pad)

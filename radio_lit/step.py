@@ -23,6 +23,13 @@ from radio_lit.data.views import resize_view
 from radio_lit.grid import GridPolicy, loss_grid, resample
 from radio_lit.losses import Balancer
 from radio_lit.partitions import Chunk
+from radio_lit.shifts import (
+    combined_mask,
+    masked_loss,
+    resample_mask,
+    shift_view,
+    to_crop_frame,
+)
 from radio_lit.students import StudentOutput, TeacherHeads
 from radio_lit.teachers import Teacher, TeacherOutput
 
@@ -47,22 +54,32 @@ class TeacherMatch:
         target: ``[B, H, W, C]`` the normalized teacher features on the same grid.
         summary: ``[B, C_s]`` the summary head's prediction, or ``None`` (no summary).
         summary_target: ``[B, C_s]`` the teacher's summary, or ``None``.
+        valid: ``[B, H, W]`` bool, the overlap ``Ω`` of shifted views (report 2.3.1) on
+            which the feature loss is averaged; ``None``: every token.
     """
 
     features: Tensor
     target: Tensor
     summary: Tensor | None = None
     summary_target: Tensor | None = None
+    valid: Tensor | None = None
 
 
 def run_teachers(
-    teachers: Mapping[str, Teacher], crop: Tensor, names: Sequence[str], grid: tuple[int, int]
+    teachers: Mapping[str, Teacher],
+    crop: Tensor,
+    names: Sequence[str],
+    grid: tuple[int, int],
+    shifts: Mapping[str, Tensor] | None = None,
 ) -> dict[str, TeacherOutput]:
     """Frozen teachers ``names`` on their own views of the crop ``[B, 3, S, S]``.
 
     Each teacher sees its native resolution, or ``grid`` (the student's patch grid) times its
     patch size if it follows the student. The crop is resized once per distinct view size;
     each teacher then only normalizes it. Features stay on each teacher's own grid.
+
+    A teacher in ``shifts`` (``[B, 2]`` whole patches of its own, :mod:`radio_lit.shifts`)
+    sees its view shifted; its features come back in the crop frame with their validity.
     """
     resized: dict[tuple[int, int], Tensor] = {}
     outputs = {}
@@ -71,7 +88,22 @@ def run_teachers(
         size = teacher.view_size(grid)
         if size not in resized:
             resized[size] = resize_view(crop, size)
-        outputs[name] = teacher(resized[size], size)
+        shift = (shifts or {}).get(name)
+        if shift is None:
+            outputs[name] = teacher(resized[size], size)
+            continue
+        view = shift_view(resized[size], shift, teacher.patch_size, teacher.mean)
+        out = teacher(view, size)
+        tokens = (size[0] // teacher.patch_size, size[1] // teacher.patch_size)
+        if tuple(out.features.shape[1:3]) != tokens:
+            raise ValueError(
+                f"model.shifts: teacher {name!r} returned a {tuple(out.features.shape[1:3])} "
+                f"grid for a {size} px view, not view / patch size = {tokens}; its view cannot "
+                "be shifted in whole patches: leave it out with "
+                "model.shifts.init_args.teachers false"
+            )
+        features, valid = to_crop_frame(out.features, shift)
+        outputs[name] = TeacherOutput(out.summary, features, valid)
     return outputs
 
 
@@ -85,7 +117,8 @@ def teacher_outputs(
     if isinstance(batch, CachedBatch):
         sizes = {name: teachers[name].view_size(grid) for name in chunk.teachers}
         return batch.teacher_outputs(chunk.rows, chunk.teachers, sizes)
-    return run_teachers(teachers, chunk.crop, chunk.teachers, grid)
+    shifts = chunk.shifts.teachers if chunk.shifts is not None else None
+    return run_teachers(teachers, chunk.crop, chunk.teachers, grid, shifts)
 
 
 def to_loss_grid(
@@ -100,7 +133,8 @@ def to_loss_grid(
     for name, out in outputs.items():
         teacher = teachers[name]
         size = loss_grid(policies[name], grid, out.features.shape[1:3], teacher.interpolatable)
-        moved[name] = TeacherOutput(out.summary, resample(out.features, size))
+        valid = None if out.valid is None else resample_mask(out.valid, size)
+        moved[name] = TeacherOutput(out.summary, resample(out.features, size), valid)
     return moved
 
 
@@ -110,12 +144,15 @@ def match_teachers(
     outputs: Mapping[str, TeacherOutput],
     targets: Mapping[str, Tensor],
     summary_token: Mapping[str, int],
+    student_shift: Tensor | None = None,
 ) -> dict[str, TeacherMatch]:
     """The student's prediction of every teacher in ``outputs``, paired with its target.
 
     Teacher k's feature head maps the student's patch tokens and the map is brought to the
     target's grid (the loss grid); its summary head reads the student's summary token
-    ``summary_token[k]`` (AM-RADIO 3.2).
+    ``summary_token[k]`` (AM-RADIO 3.2). With ``student_shift`` (``[B, 2]`` tokens, the
+    student saw a shifted view), the head's map is first moved back to the crop frame, and
+    the match's ``valid`` is the overlap of both views (report 2.3.1, :mod:`radio_lit.shifts`).
     """
     matches: dict[str, TeacherMatch] = {}
     for name, out in outputs.items():
@@ -125,11 +162,16 @@ def match_teachers(
         if pair.summary is not None and out.summary is not None:
             summary = pair.summary(student.summary[:, summary_token[name]])
             summary_target = out.summary.float()
+        features, seen = pair.features(student.features), None
+        if student_shift is not None:
+            features, seen = to_crop_frame(features, student_shift)
+            seen = resample_mask(seen, target.shape[1:3])
         matches[name] = TeacherMatch(
-            features=resample(pair.features(student.features), target.shape[1:3]),
+            features=resample(features, target.shape[1:3]),
             target=target,
             summary=summary,
             summary_target=summary_target,
+            valid=combined_mask(out.valid, seen),
         )
     return matches
 
@@ -139,17 +181,26 @@ def distillation_losses(
     feature_loss: nn.Module,
     summary_loss: nn.Module,
     per_sample: bool = False,
+    dispersions: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Per-teacher feature and summary losses, keyed ``"<teacher>/feature_loss"`` etc.
 
-    Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer).
+    Scalars, or ``[B]`` per image with ``per_sample`` (for the balancer). ``dispersions``:
+    each teacher's summary dispersion ``Disp_y`` for an angle-balanced summary loss
+    (:class:`~radio_lit.losses.AngleBalanced`, C-RADIOv4 report eq. 7).
     """
     kwargs = {"per_sample": True} if per_sample else {}
+    dispersions = dispersions or {}
     losses: dict[str, Tensor] = {}
     for name, m in matches.items():
-        losses[f"{name}/feature_loss"] = feature_loss(m.features, m.target, **kwargs)
+        losses[f"{name}/feature_loss"] = masked_loss(
+            feature_loss, m.features, m.target, m.valid, per_sample
+        )
         if m.summary is not None and m.summary_target is not None:
-            losses[f"{name}/summary_loss"] = summary_loss(m.summary, m.summary_target, **kwargs)
+            scale = {"dispersion": dispersions[name]} if name in dispersions else {}
+            losses[f"{name}/summary_loss"] = summary_loss(
+                m.summary, m.summary_target, **kwargs, **scale
+            )
     return losses
 
 

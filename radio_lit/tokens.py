@@ -8,7 +8,10 @@ grid (ToMeSD) so that every image region keeps a representative:
 
 1. sinks: in every ``s x s`` cell of the ``h x w`` token grid, one token (its top-left
    [choice: ToMeSD draws a random position per cell; a fixed one keeps inference
-   deterministic]); the other tokens are sources;
+   deterministic]); the other tokens are sources. A side that ``s`` does not divide ends in a
+   partial cell, which gets a sink too: ``ceil(h/s) ceil(w/s)`` sinks [choice: ToMeSD floors,
+   ``(h // s)(w // s)`` sinks, the border tokens being sources only; RADIOv2.5's 48 x 48 grid
+   with ``s`` = 4, 6, 8 has no partial cell];
 2. each source is matched to its most similar sink by cosine similarity of the values;
 3. the ``r = N - num_tokens`` sources with the highest similarity are merged into their sinks
    (the sink becomes the mean of itself and its merged sources); the other sources are kept.

@@ -1,18 +1,21 @@
 """The manifest of a teacher-feature cache: what was cached, and whether a run may use it.
 
 ``DIR/manifest.json`` records the teachers (their config and a signature of what their outputs
-depend on: class, resolution, patch size, pixel mean/std, grid, widths, a digest of the
-weights), the view sizes each teacher was run at, the data source, the number of views per
-image, the storage dtype and layout, and a hash of all of it. A run that reads the cache
-(:class:`~radio_lit.cache.CachedViews`) is checked against it first
+depend on: class, resolution, patch size, pixel mean/std, grid, widths, a sha256 of the
+weights' bytes; whether a mosaic mixes a view with its neighbours), the view sizes each
+teacher was run at, the data source, the number of views per image, the storage dtype and
+layout, the grouping the outputs were computed in (rank counts, per-rank batch, partitions:
+:mod:`radio_lit.cache.grouping`), what they were computed from (weight files, Hub commits,
+library versions, precision: :mod:`radio_lit.cache.identity`), and a hash of all of it. A run
+that reads the cache (:class:`~radio_lit.cache.CachedViews`) is checked against it first
 (:func:`check_run`): a missing teacher, another teacher, or a student resolution whose
 teacher views were not cached is refused with one line naming the difference.
 
 Samples are numbered ``n = view * num_items + p``, ``p`` the item's position in the one-rank
 training order of epoch ``view`` (:func:`epoch_order`; all views 0 first), and shard ``j``
 holds samples ``[j K, (j + 1) K)``, ``K = samples_per_shard``: consecutive samples are the
-live run's batches, in which the writer runs the teachers (a teacher's output for an image
-can differ in the last bit with its row in the batch, on CPU as on GPU).
+live run's batches at one rank, and a ``max_steps`` run's cache holds only its first
+``samples`` (:attr:`Manifest.samples`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radio_lit.cache.identity import content as identity_content
 from radio_lit.data.resumable import SeededSampler
 from radio_lit.partitions import PartitionPlan
 from radio_lit.teachers import Teacher
@@ -50,8 +54,9 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-#: Version of the storage layout described in this module.
-FORMAT = 2
+#: Version of the storage layout described in this module (3: outputs per rank count,
+#: per-sample checksums, content identities).
+FORMAT = 3
 #: File of the validation views (all of them, in ``val_dir`` order), beside the shards.
 VAL_FILE = "val.safetensors"
 
@@ -65,14 +70,13 @@ def epoch_order(num_items: int, seed: int, epoch: int) -> list[int]:
 
 
 def weights_digest(module: nn.Module) -> str:
-    """A short digest of a module's parameters and buffers (names, shapes, float64 sum and
-    sum of squares, 8 significant digits): equal for the same weights on any device."""
+    """sha256 (16 hex digits) of a module's parameters and buffers: names, shapes, dtypes and
+    every byte, so permuted or slightly changed weights differ; the same on any device."""
     hasher = hashlib.sha256()
     tensors = [*module.named_parameters(), *module.named_buffers()]
     for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        values = tensor.detach().double()
-        summary = f"{name}:{list(tensor.shape)}:{values.sum():.8g}:{values.square().sum():.8g};"
-        hasher.update(summary.encode())
+        hasher.update(f"{name}:{list(tensor.shape)}:{tensor.dtype};".encode())
+        hasher.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return hasher.hexdigest()[:16]
 
 
@@ -128,6 +132,13 @@ class Manifest:
         sample_bytes: bytes of one sample inside a shard (all samples have the same size).
         bytes_per_view: bytes per view: ``"pixels"`` and each teacher's outputs.
         created_by: the command that wrote the cache.
+        grouping: ``{"ranks", "batch_size", "partitions"}``: the rank counts whose teacher
+            batches and mosaic canvases the outputs were computed in (stored once per rank
+            count, :mod:`radio_lit.cache.grouping`), the per-rank batch and the partitions.
+        identity: what the outputs were computed from (weight files, Hub commits, library
+            versions, precision; :mod:`radio_lit.cache.identity`).
+        samples: the first samples only were written (what a ``max_steps`` run reads);
+            ``None``: every view of every item.
     """
 
     teachers: dict[str, dict[str, Any]]
@@ -138,6 +149,9 @@ class Manifest:
     sample_bytes: int = 0
     bytes_per_view: dict[str, int] = field(default_factory=dict)
     created_by: str = ""
+    grouping: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
+    samples: int | None = None
     format: int = FORMAT
 
     @property
@@ -152,7 +166,17 @@ class Manifest:
 
     @property
     def num_samples(self) -> int:
-        return self.views * self.num_items
+        return self.views * self.num_items if self.samples is None else self.samples
+
+    @property
+    def ranks(self) -> list[int]:
+        """The rank counts the outputs were computed for."""
+        return [int(r) for r in self.grouping.get("ranks", [1])]
+
+    @property
+    def mosaic_teachers(self) -> list[str]:
+        """Teachers whose outputs depend on their canvas neighbours (mosaics)."""
+        return [name for name, record in self.teachers.items() if record.get("mosaic")]
 
     @property
     def num_shards(self) -> int:
@@ -166,9 +190,11 @@ class Manifest:
     @property
     def content_hash(self) -> str:
         """sha256 (16 hex digits) of everything the cached bytes depend on."""
-        keys = ("teachers", "views", "dtype", "samples_per_shard", "format")
+        keys = ("teachers", "views", "dtype", "samples_per_shard", "format", "grouping")
         content = {key: getattr(self, key) for key in keys}
         content["data"] = views_config(self.data)
+        content["identity"] = identity_content(self.identity)
+        content["samples"] = self.num_samples
         text = json.dumps(content, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -9,13 +9,18 @@ the writer draws the crop exactly as training draws item ``i`` in epoch ``v`` (t
 transform under the seed ``(seed, v, i)``, :mod:`radio_lit.data.resumable`), and runs every
 teacher on it at every view size the run can show it (its native resolution, or one per
 student resolution of its partitions if it follows the student), with the step's own code
-(:func:`~radio_lit.step.run_teachers`), on the very batches a one-rank run of the config
-forms in epoch ``v`` (same images, same rows). Stored per view: the crop (uint8, what the
-student's view is made from) and each teacher's summary and features on its own grid, before
-normalization, in ``--dtype``. The validation images of the run's ``val_dir`` (their fixed
-center crops, in the validation loader's batches) are stored the same way, in one file, so a
-run from the cache validates without its teachers. Layout: :mod:`radio_lit.cache.shards`,
-:mod:`radio_lit.cache.manifest`.
+(:func:`~radio_lit.step.run_teachers`), on the very rows the live step gives the teacher in
+epoch ``v`` at each rank count of ``--ranks`` (same images, same rows, same mosaic canvases:
+:mod:`radio_lit.cache.grouping`; the rows no partition of a teacher takes are then run through
+it together). Stored per view: the crop (uint8, what the student's view is made from) and each
+teacher's summary and features on its own grid, before normalization, in ``--dtype``, once
+per rank count. The validation images of
+the run's ``val_dir`` (their fixed center crops, in each rank's validation batches) are stored
+the same way, in one file, so a run from the cache validates without its teachers. Layout:
+:mod:`radio_lit.cache.shards`, :mod:`radio_lit.cache.manifest`.
+
+``--views epochs`` writes what the run will read and no more: its ``max_steps`` steps (the
+last view only up to the last step's batch), not whole epochs (:func:`run_extent`).
 
 The size is printed before anything is written, and the command refuses to start if the disk
 lacks the room. Interrupted, it resumes: finished shards are kept, a partial one is rewritten.
@@ -30,7 +35,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,15 @@ from torch.utils.data import IterableDataset
 from tqdm import tqdm
 from webdataset import TarWriter
 
+from radio_lit.cache import identity
 from radio_lit.cache.batch import output_key
+from radio_lit.cache.grouping import (
+    grouped_key,
+    partitions_record,
+    train_places,
+    train_steps,
+    val_places,
+)
 from radio_lit.cache.manifest import (
     DTYPES,
     VAL_FILE,
@@ -78,9 +91,17 @@ def _parser() -> CommandParser:
     parser.add_argument(
         "--views",
         default="8",
-        help="views per image (default: 8), or 'epochs': as many as the run has epochs, so "
-        "that a run from the cache sees what the live run would (max_steps over the "
-        "steps of an epoch on one rank)",
+        help="views per image (default: 8), or 'epochs': what the run reads, so that a run "
+        "from the cache sees what the live run would (its max_steps steps: whole epochs, "
+        "then the last epoch's first steps)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="rank counts the cache replays exactly at (each rank count's teacher batches and "
+        "mosaic canvases are stored; default: the config's trainer devices x num_nodes)",
     )
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--samples-per-shard", type=int, default=None, help="default: ~256 MiB")
@@ -104,7 +125,10 @@ def main(argv: Sequence[str]) -> None:
         if not Path(config).is_file():
             parser.error(f"--config {config}: no such config file")
     cli = _build_run([a for config in args.config for a in ("--config", config)] + overrides)
-    views = _run_epochs(cli) if args.views == "epochs" else int(args.views)
+    ranks = args.ranks or [int(cli.trainer.world_size)]
+    if min(ranks) < 1:
+        parser.error(f"--ranks must be positive rank counts, got {args.ranks}")
+    views, samples = run_extent(cli, ranks) if args.views == "epochs" else (int(args.views), None)
     write_cache(
         cli.model,
         cli.datamodule,
@@ -118,6 +142,8 @@ def main(argv: Sequence[str]) -> None:
         device=args.device,
         precision=str(cli.trainer.precision),
         command="radio-lit cache " + " ".join(argv),
+        ranks=ranks,
+        samples=samples,
     )
 
 
@@ -130,14 +156,21 @@ def _build_run(args: list[str]) -> Any:
         return RadioLitCLI(args=[*args, "--trainer.logger", "false"], run=False)
 
 
-def _run_epochs(cli: Any) -> int:
-    """The number of epochs a one-rank run of ``cli``'s config starts (``max_steps``, else
-    ``max_epochs``)."""
+def run_extent(cli: Any, ranks: Sequence[int]) -> tuple[int, int | None]:
+    """``(views, samples)`` a run of ``cli``'s config reads at any of the rank counts
+    ``ranks``: with ``max_steps``, its steps' samples (the first ``samples`` of the cache's
+    numbering, :mod:`radio_lit.cache.manifest`); else ``max_epochs`` whole views
+    (``samples`` ``None``)."""
     trainer, datamodule = cli.trainer, cli.datamodule
     if trainer.max_steps is None or trainer.max_steps < 0:
-        return max(1, int(trainer.max_epochs or 1))
-    steps_per_epoch = len(datamodule.build_train_dataset()) // datamodule.batch_size
-    return max(1, -(-trainer.max_steps // max(1, steps_per_epoch)))
+        return max(1, int(trainer.max_epochs or 1)), None
+    items = len(datamodule.build_train_dataset())
+    batch, needed = datamodule.batch_size, 1
+    for world in ranks:
+        per_epoch = max(1, train_steps(items, world, batch))
+        full, rest = divmod(trainer.max_steps, per_epoch)
+        needed = max(needed, full * items + rest * batch * world)
+    return -(-needed // items), needed
 
 
 def _device(device: str | None) -> torch.device:
@@ -149,24 +182,18 @@ def _device(device: str | None) -> torch.device:
 
 
 class _Recorder:
-    """Runs the teachers on uint8 crops and returns each view's tensors (see the module
-    docstring): ``{"pixels": [3, S, S], output_key: [h, w, C] or [C_s]}``.
+    """Runs the teachers on uint8 crops as the step does (see the module docstring).
 
-    Each partition's teachers run on batches of the partition's size in a one-rank training
-    step (the last batch padded), as the step runs them: some CPU kernels (a small matrix
-    product) round differently for another number of rows, and a float32 cache must hold
-    the very numbers a live step computes.
+    Each partition's teachers run on the rows of the batch the partition takes, all at once,
+    as in a live step: a mosaic teacher's canvases, and the rounding of some CPU kernels,
+    depend on a view's neighbours in that batch (:mod:`radio_lit.cache.grouping`).
     """
 
-    def __init__(
-        self, module: Any, batch: int, device: torch.device, dtype: torch.dtype, precision: str
-    ) -> None:
+    def __init__(self, module: Any, device: torch.device, precision: str) -> None:
         self.teachers = module.teachers.to(device)
         self.plan = module.partitions
         self.patch = module.student.patch_size
-        self.batch = batch
         self.device = device
-        self.dtype = dtype
         half = {"bf16": torch.bfloat16, "16": torch.float16}
         autocast = next((d for p, d in half.items() if precision.startswith(p)), None)
         self.autocast = (
@@ -175,49 +202,87 @@ class _Recorder:
             else nullcontext()
         )
 
-    def __call__(
-        self, pixels: Tensor, rows: int | None = None, dtype: torch.dtype | None = None
-    ) -> list[dict[str, Tensor]]:
-        """Each crop's tensors; the teachers see ``rows`` crops at a time (default: the
-        partition's training batch); outputs stored in ``dtype`` (default: the cache's)."""
+    def __call__(self, pixels: Tensor, rows: Mapping[str, slice]) -> dict[str, Tensor]:
+        """Outputs ``{output_key: [B, ...] float32}`` of each partition's teachers on its
+        ``rows`` of the crops ``pixels [B, 3, S, S]`` uint8 (all at once, as the step runs
+        them), at every student resolution of the partition.
+
+        The rows no partition of a teacher takes here are then run through it together
+        [choice]: a replay in another grouping reads them, which the cache allows only
+        without mosaics (equal up to rounding, :func:`~radio_lit.cache.grouping.grouping_problem`).
+        """
         crop = as_float_images(pixels.to(self.device))
         stored: dict[str, Tensor] = {}
+        filled: dict[str, Tensor] = {}  # features key -> rows holding the teacher's outputs
         with torch.no_grad(), self.autocast:
-            for partition, members in self.plan.members.items():
-                part_rows = rows or self.plan.partitions[partition].batch_size or self.batch
-                for height, width in self.plan.resolutions[partition]:
-                    grid = (height // self.patch, width // self.patch)
+            for partition, taken in rows.items():
+                index = torch.arange(len(pixels))[taken]
+                for grid in self._grids(partition):
                     names = [
                         n
-                        for n in members
-                        if output_key(n, self.teachers[n].view_size(grid), "features") not in stored
+                        for n in self.plan.members[partition]
+                        if not self._filled(filled, n, grid, index, len(pixels)).any()
                     ]
-                    if names:
-                        outputs = self._run(crop, names, grid, part_rows)
-                        stored.update({k: v.to(dtype or self.dtype) for k, v in outputs.items()})
-        return [
-            {"pixels": pixels[i].contiguous(), **{k: v[i].contiguous() for k, v in stored.items()}}
-            for i in range(pixels.shape[0])
-        ]
+                    self._run(crop, index, names, grid, stored, filled)
+            for partition in self.plan.partitions:
+                for grid in self._grids(partition):
+                    for name in self.plan.members[partition]:
+                        rest = (~self._filled(filled, name, grid, None, len(pixels))).nonzero()
+                        self._run(crop, rest[:, 0], [name], grid, stored, filled)
+        return stored
+
+    def _grids(self, partition: str) -> list[tuple[int, int]]:
+        return [(h // self.patch, w // self.patch) for h, w in self.plan.resolutions[partition]]
+
+    def _filled(
+        self,
+        filled: dict[str, Tensor],
+        name: str,
+        grid: tuple[int, int],
+        index: Tensor | None,
+        count: int,
+    ) -> Tensor:
+        """Which rows (of ``index``, default all) hold teacher ``name``'s outputs at ``grid``."""
+        key = output_key(name, self.teachers[name].view_size(grid), "features")
+        done = filled.get(key, torch.zeros(count, dtype=torch.bool))
+        return done if index is None else done[index]
 
     def _run(
-        self, crop: Tensor, names: list[str], grid: tuple[int, int], rows: int
-    ) -> dict[str, Tensor]:
-        """The teachers ``names`` at the student grid ``grid``, ``rows`` images at a time."""
-        parts: dict[str, list[Tensor]] = {}
-        for start in range(0, crop.shape[0], rows):
-            part = crop[start : start + rows]
-            count = part.shape[0]
-            if count < rows:  # pad with copies of the last image
-                part = torch.cat([part, part[-1:].expand(rows - count, -1, -1, -1)])
-            for name, out in run_teachers(self.teachers, part, names, grid).items():
-                size = self.teachers[name].view_size(grid)
-                for key, value in (("features", out.features), ("summary", out.summary)):
-                    if value is not None:
-                        parts.setdefault(output_key(name, size, key), []).append(
-                            value[:count].cpu()
-                        )
-        return {key: torch.cat(values) for key, values in parts.items()}  # float32
+        self,
+        crop: Tensor,
+        index: Tensor,
+        names: list[str],
+        grid: tuple[int, int],
+        stored: dict[str, Tensor],
+        filled: dict[str, Tensor],
+    ) -> None:
+        """Teachers ``names`` on the rows ``index`` of ``crop`` at once, into ``stored``."""
+        if not names or not len(index):
+            return
+        for name, out in run_teachers(self.teachers, crop[index], names, grid).items():
+            size = self.teachers[name].view_size(grid)
+            for part, value in (("features", out.features), ("summary", out.summary)):
+                if value is None:
+                    continue
+                key = output_key(name, size, part)
+                if key not in stored:
+                    stored[key] = torch.full((len(crop), *value.shape[1:]), torch.nan)
+                stored[key][index] = value.float().cpu()
+            key = output_key(name, size, "features")
+            filled.setdefault(key, torch.zeros(len(crop), dtype=torch.bool))[index] = True
+
+    def rank_rows(self, ranks: int, rank: int, batch: int) -> dict[str, slice]:
+        """The rows of a training batch that rank ``rank`` of ``ranks`` gives each partition."""
+        placement = self.plan.placement
+        try:
+            self.plan.place(ranks, rank)
+            return self.plan.rows(batch)
+        finally:
+            self.plan.placement = placement
+
+    def all_rows(self) -> dict[str, slice]:
+        """Validation: every partition on the whole batch."""
+        return {name: slice(None) for name in self.plan.partitions}
 
 
 def _human(size: float) -> str:
@@ -254,10 +319,13 @@ def write_cache(
     device: str | None = None,
     precision: str = "32-true",
     command: str = "",
+    ranks: Sequence[int] = (1,),
+    samples: int | None = None,
 ) -> Manifest:
     """Write this process's shards of the cache of a run (``module``: its
     :class:`~radio_lit.module.DistillationModule`, ``datamodule`` its image datamodule,
-    ``config`` its parsed config as a dict); returns the manifest."""
+    ``config`` its parsed config as a dict) for replays at ``ranks`` ranks; ``samples``: the
+    first samples only (default: every view of every item); returns the manifest."""
     dataset = datamodule.build_train_dataset()
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise ValueError(
@@ -266,8 +334,13 @@ def write_cache(
         )
     seed = datamodule.seed
     batch = datamodule.batch_size
-    recorder = _Recorder(module, batch, _device(device), DTYPES[dtype], precision)
+    ranks = sorted(set(ranks))
+    recorder = _Recorder(module, _device(device), precision)
     num_items = len(dataset)
+    for world in ranks:
+        train_places(num_items, world, batch, 0)  # refuses a grouping a cache cannot hold
+        for rank in range(world):
+            recorder.rank_rows(world, rank, batch)  # refuses a batch the partitions overflow
 
     orders: dict[int, list[int]] = {}
 
@@ -285,18 +358,27 @@ def write_cache(
                 items.append(dataset[index])
         return torch.stack(items)
 
-    val_batches = _val_batches(datamodule)
-    probe = recorder(crops([0]))[0]
-    sample_bytes = _tar_bytes(save_safetensors(probe))
+    val_images = _val_images(datamodule)
+    probe = {key: value[0] for key, value in recorder(crops([0]), {}).items()}
+    storage = DTYPES[dtype]
+    one = {"pixels": crops([0])[0], **{k: v.to(storage) for k, v in probe.items()}}
+    sample_bytes = _tar_bytes(
+        save_safetensors(
+            {"pixels": one["pixels"]}
+            | {grouped_key(k, w): v.clone() for w in ranks for k, v in one.items() if k != "pixels"}
+        )
+    )
     sizes = view_sizes(module.teachers, module.partitions, module.student.patch_size)
     teachers_config = config["model"]["teachers"]
+    mine_keys = {name: [k for k in one if k.startswith(f"{name}/")] for name in module.teachers}
     manifest = Manifest(
         teachers={
             name: {
                 "config": teachers_config.get(name),
                 "signature": teacher_signature(teacher),
                 "sizes": [list(size) for size in sizes[name]],
-                "shapes": {k: list(v.shape) for k, v in probe.items() if k.startswith(f"{name}/")},
+                "shapes": {k: list(one[k].shape) for k in mine_keys[name]},
+                "mosaic": any(teacher.shares_canvas(tuple(size)) for size in sizes[name]),
             }
             for name, teacher in module.teachers.items()
         },
@@ -307,20 +389,29 @@ def write_cache(
             "num_items": num_items,
             "batch_size": datamodule.batch_size,
             "val_dir": datamodule.val_dir,
-            "val_items": sum(len(batch) for batch in val_batches),
+            "val_items": len(val_images),
         },
         views=views,
         dtype=dtype,
         samples_per_shard=samples_per_shard or _shard_samples(sample_bytes, batch),
         sample_bytes=sample_bytes,
         bytes_per_view={
-            "pixels": probe["pixels"].nbytes,
+            "pixels": one["pixels"].nbytes,
             **{
-                name: sum(v.nbytes for k, v in probe.items() if k.startswith(f"{name}/"))
+                name: len(ranks) * sum(one[k].nbytes for k in mine_keys[name])
                 for name in module.teachers
             },
         },
         created_by=command,
+        grouping={
+            "ranks": ranks,
+            "batch_size": batch,
+            "partitions": partitions_record(module.partitions),
+        },
+        identity=identity.record(
+            {name: teachers_config.get(name) for name in module.teachers}, precision
+        ),
+        samples=samples if samples is not None and samples < views * num_items else None,
     )
     out.mkdir(parents=True, exist_ok=True)
     _check_existing(manifest, out)
@@ -328,19 +419,22 @@ def write_cache(
 
     mine = [j for j in range(manifest.num_shards) if j % num_shards == shard_index]
     todo = [j for j in mine if not shard_is_complete(out, j, len(manifest.shard_samples(j)))]
-    samples = sum(len(manifest.shard_samples(j)) for j in todo)
-    need = samples * sample_bytes + len(todo) * _TAR_END
+    count = sum(len(manifest.shard_samples(j)) for j in todo)
+    need = count * sample_bytes + len(todo) * _TAR_END
     val_path = out / VAL_FILE
-    val_view = sum(v.numel() * (1 if k == "pixels" else 4) for k, v in probe.items())
+    val_view = one["pixels"].nbytes + len(ranks) * sum(v.numel() * 4 for v in probe.values())
     val_bytes = manifest.val_items * val_view  # float32
     if shard_index == 0 and not val_path.is_file():
         need += val_bytes
     total = manifest.num_samples * sample_bytes + manifest.num_shards * _TAR_END + val_bytes
     per_teacher = ", ".join(f"{k} {_human(v)}" for k, v in manifest.bytes_per_view.items())
     print(
-        f"radio-lit cache: {num_items} items x {views} views = {manifest.num_samples} views "
-        f"({dtype}); per view: {per_teacher}; total {_human(total)} in {manifest.num_shards} "
-        f"shard(s); this process: {len(todo)} of its {len(mine)} shard(s) left, {_human(need)}",
+        f"radio-lit cache: {num_items} items x {views} views = {views * num_items} views, "
+        f"{'all' if manifest.samples is None else 'the run reads the first'} "
+        f"{manifest.num_samples} ({dtype}, for {' and '.join(map(str, ranks))} rank(s)); "
+        f"per view: {per_teacher}; "
+        f"total {_human(total)} in {manifest.num_shards} shard(s); this process: {len(todo)} "
+        f"of its {len(mine)} shard(s) left, {_human(need)}",
         flush=True,
     )
     free = shutil.disk_usage(out).free
@@ -349,34 +443,44 @@ def write_cache(
             f"{out} needs {_human(need)} for the cache but its disk has {_human(free)} free: "
             "free some space or choose another --out (finished shards are kept)"
         )
-    if shard_index == 0 and val_batches and not val_path.is_file():
-        _write_val(val_path, val_batches, recorder)
-    with tqdm(total=samples, unit="view", desc="radio-lit cache", file=sys.stderr) as progress:
+    if shard_index == 0 and len(val_images) and not val_path.is_file():
+        _write_val(val_path, val_images, recorder, ranks, batch)
+    steps = _Steps(recorder, crops, num_items, batch, ranks)
+    with tqdm(total=count, unit="view", desc="radio-lit cache", file=sys.stderr) as progress:
         for shard in todo:
-            write_shard(
-                out,
-                shard,
-                _samples(
-                    manifest.shard_samples(shard), batch, num_items, crops, item, recorder, progress
-                ),
-            )
+            numbers = manifest.shard_samples(shard)
+            write_shard(out, shard, _samples(numbers, steps, item, storage, progress))
     return manifest
 
 
-def _val_batches(datamodule: Any) -> list[Tensor]:
-    """The validation loader's batches ``[B, 3, S, S]`` uint8 (none without ``val_dir``)."""
+def _val_images(datamodule: Any) -> Tensor:
+    """The validation crops ``[N, 3, S, S]`` uint8 in ``val_dir`` order (none without it)."""
     if datamodule.val_dir is None:
-        return []
+        return torch.zeros(0, dtype=torch.uint8)
     datamodule.setup("validate")
-    return list(datamodule.val_dataloader())
+    return torch.cat(list(datamodule.val_dataloader()))
 
 
-def _write_val(path: Path, batches: list[Tensor], recorder: _Recorder) -> None:
-    """The validation views, every teacher on each validation batch as the validation step
-    runs it (the whole batch at once), stacked into one safetensors file; in float32
-    whatever the cache's dtype, so validation measures against the teachers' own numbers."""
-    views = [view for batch in batches for view in recorder(batch, len(batch), torch.float32)]
-    tensors = {key: torch.stack([view[key] for view in views]) for key in views[0]}
+def _write_val(
+    path: Path, images: Tensor, recorder: _Recorder, ranks: Sequence[int], batch: int
+) -> None:
+    """The validation views: at each rank count, every teacher on each rank's validation
+    batches as the validation step runs them (:func:`~radio_lit.cache.grouping.val_places`),
+    stacked into one safetensors file; in float32 whatever the cache's dtype, so validation
+    measures against the teachers' own numbers. An image a rank validates twice (the padding
+    of the last batches) keeps its first batch's outputs."""
+    tensors: dict[str, Tensor] = {"pixels": images}
+    for world in ranks:
+        filled = torch.zeros(len(images), dtype=torch.bool)
+        for rank_batches in val_places(len(images), world, batch):
+            for indices in rank_batches:
+                outputs = recorder(images[indices], recorder.all_rows())
+                new = [row for row, index in enumerate(indices) if not filled[index]]
+                for key, value in outputs.items():
+                    blank = torch.full((len(images), *value.shape[1:]), torch.nan)
+                    stored = tensors.setdefault(grouped_key(key, world), blank)
+                    stored[[indices[row] for row in new]] = value[new]
+                filled[indices] = True
     partial = path.with_name(path.name + ".partial")
     save_file(tensors, str(partial))
     os.chmod(partial, _file_mode())  # safetensors creates it private (0600); shards are not
@@ -395,29 +499,63 @@ def _shard_samples(sample_bytes: int, batch: int) -> int:
     return max(1, min(10000, SHARD_BYTES // sample_bytes) // batch) * batch
 
 
+class _Steps:
+    """The live run's training steps at each rank count, one at a time: per place of the
+    step's batches (all ranks), the crop and every teacher's outputs. The places after the
+    last full batch (``drop_last``) are run as one batch of their own."""
+
+    def __init__(
+        self, recorder: _Recorder, crops: Any, num_items: int, batch: int, ranks: Sequence[int]
+    ) -> None:
+        self.recorder, self.crops, self.num_items, self.batch = recorder, crops, num_items, batch
+        self.ranks = ranks
+        self._last: dict[int, tuple[tuple[int, int], dict[int, dict[str, Tensor]]]] = {}
+
+    def outputs(self, view: int, place: int, world: int) -> dict[str, Tensor]:
+        """The crop (``"pixels"``) and every teacher's outputs for the item at ``place`` of
+        epoch ``view`` at ``world`` ranks."""
+        steps = train_steps(self.num_items, world, self.batch)
+        step = min(place // (self.batch * world), steps)
+        if self._last.get(world, ((-1, -1),))[0] != (view, step):
+            self._last[world] = ((view, step), self._step(view, step, world))
+        return self._last[world][1][place]
+
+    def _step(self, view: int, step: int, world: int) -> dict[int, dict[str, Tensor]]:
+        if step == train_steps(self.num_items, world, self.batch):  # the dropped places
+            batches = [(list(range(step * self.batch * world, self.num_items)), {})]
+        else:
+            batches = [
+                (places, self.recorder.rank_rows(world, rank, self.batch))
+                for rank, places in enumerate(train_places(self.num_items, world, self.batch, step))
+            ]
+        by_place = {}
+        for places, rows in batches:
+            pixels = self.crops([view * self.num_items + p for p in places])
+            outputs = self.recorder(pixels, rows)
+            for row, place in enumerate(places):
+                by_place[place] = {"pixels": pixels[row]} | {
+                    key: value[row] for key, value in outputs.items()
+                }
+        return by_place
+
+
 def _samples(
-    numbers: range,
-    batch: int,
-    num_items: int,
-    crops: Any,
-    item: Any,
-    recorder: _Recorder,
-    progress: tqdm,
+    numbers: range, steps: _Steps, item: Any, storage: torch.dtype, progress: tqdm
 ) -> Iterator[tuple[str, bytes]]:
-    """``(key, safetensors bytes)`` of the samples ``numbers``, the teachers run on the live
-    run's batches: the ``batch`` consecutive places of an epoch's order, each image in its
-    row (a batch cut by the shard's edge is run whole)."""
-    n = numbers.start
-    while n < numbers.stop:
-        view, position = divmod(n, num_items)
-        first = view * num_items + position // batch * batch
-        whole = range(first, min(first + batch, (view + 1) * num_items))
-        for m, tensors in zip(whole, recorder(crops(whole)), strict=True):
-            if m in numbers:
-                index, _ = item(m)
-                yield sample_key(index, view), save_safetensors(tensors)
-        progress.update(min(whole.stop, numbers.stop) - n)
-        n = whole.stop
+    """``(key, safetensors bytes)`` of the samples ``numbers``: the crop, and each teacher's
+    outputs at each rank count, computed on the live run's batches (a step cut by the
+    shard's edge is run whole)."""
+    for n in numbers:
+        index, view = item(n)
+        place = n - view * steps.num_items
+        tensors: dict[str, Tensor] = {}
+        for world in steps.ranks:
+            outputs = dict(steps.outputs(view, place, world))
+            tensors["pixels"] = outputs.pop("pixels")
+            for key, value in outputs.items():
+                tensors[grouped_key(key, world)] = value.to(storage).clone()  # no shared memory
+        yield sample_key(index, view), save_safetensors(tensors)
+        progress.update(1)
 
 
 def _check_existing(manifest: Manifest, out: Path) -> None:

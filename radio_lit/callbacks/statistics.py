@@ -52,8 +52,9 @@ class TeacherStatsEstimation(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = distillation_module(pl_module)
         if not self._resumed:
-            for normalizer in module.normalizers.values():
-                normalizer.reset()
+            for statistics in module.teacher_statistics().values():
+                for statistic in statistics.values():
+                    statistic.reset()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -80,8 +81,10 @@ class TeacherStatsEstimation(Callback):
         module.refit_statistics = False
 
     def _log_diagnostics(self, trainer: pl.Trainer, module: DistillationModule) -> None:
-        """Per teacher: the normalizer's scale(s) and effective rank; the eigenvalue spectrum."""
-        for name, normalizer in module.normalizers.items():
+        """Per teacher: the normalizer's scale(s) and effective rank; the eigenvalue spectrum;
+        the summary dispersion (``AngleBalanced``)."""
+        statistics = module.teacher_statistics().values()
+        for name, normalizer in ((n, s) for group in statistics for n, s in group.items()):
             scalars = {f"stats/{name}/{k}": v for k, v in normalizer.diagnostics().items()}
             if scalars:
                 module.log_dict(scalars, on_step=True, on_epoch=False)

@@ -52,11 +52,16 @@ class ImageDataModule(LightningDataModule):
         self, crop_size: int, batch_size: int, num_workers: int, val_dir: str | None, seed: int = 0
     ) -> None:
         super().__init__()
-        if crop_size <= 0 or batch_size <= 0 or num_workers < 0:
-            raise ValueError(
-                "crop_size and batch_size must be positive and num_workers non-negative, got "
-                f"crop_size={crop_size}, batch_size={batch_size}, num_workers={num_workers}"
-            )
+        for option, value, least, meaning in (
+            ("crop_size", crop_size, 1, "pixels per side of every crop"),
+            ("batch_size", batch_size, 1, "images per batch and per rank"),
+            ("num_workers", num_workers, 0, "DataLoader worker processes; 0: none"),
+        ):
+            if value < least:
+                raise ValueError(
+                    f"data.init_args.{option}: must be at least {least} ({meaning}), got "
+                    f"{option}={value}"
+                )
         if val_dir is not None:
             _check_image_folder(val_dir, "val_dir")
         self.crop_size = crop_size

@@ -16,6 +16,7 @@ import io
 import os
 from collections.abc import Callable
 
+import numpy as np
 from PIL import Image
 from torch import Tensor
 from torchvision.transforms import v2
@@ -34,20 +35,54 @@ class UnreadableImageError(OSError):
 def load_rgb(source: str | os.PathLike[str] | bytes, name: str | None = None) -> Image.Image:
     """Decode an image file (path) or encoded bytes into a fully loaded RGB PIL image.
 
-    Grayscale, palette (with or without transparency), CMYK and RGBA images are converted to
-    RGB. Any decoding failure raises :class:`UnreadableImageError` naming ``name`` (or the
-    path), with the decoder's exception as its cause.
+    Every image the package reads (training, the cache, ``predict``, evaluation) goes through
+    here, so each mode is scaled to 8 bits one way (:func:`to_rgb`). Any decoding failure
+    raises :class:`UnreadableImageError` naming ``name`` (or the path), with the decoder's
+    exception as its cause.
     """
     if name is None:
         name = "<bytes>" if isinstance(source, bytes) else os.fspath(source)
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-            if image.mode == "P":
-                # Palette images may carry transparency; going through RGBA avoids PIL's warning.
-                image = image.convert("RGBA")
-            return image.convert("RGB")
+            return to_rgb(image)
     except Exception as err:  # decoders raise many types (OSError, SyntaxError, struct.error, ...)
         raise UnreadableImageError(f"cannot decode image {name}: {err}") from err
+
+
+#: Full scale of the integer modes ``I;16*`` and ``I``: 16-bit samples (a 16-bit PNG or TIFF
+#: opens as ``I;16``, or as ``I`` in older Pillow releases). [choice] ``I`` is read as 16-bit,
+#: not as the full 32-bit range no file format uses for pixels.
+WIDE_INTEGER_MAX = 65535.0
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB, each mode scaled to ``[0, 255]`` over its own range.
+
+    - ``I;16``, ``I;16B``, ``I``...: 16-bit gray, ``v * 255 / 65535`` (PIL's ``convert``
+      clips at 255: a 16-bit PNG would turn almost all white);
+    - ``F``: [choice] float gray in ``[0, 1]`` (the float image convention), ``v * 255``,
+      clipped (PIL's ``convert`` would read it as ``[0, 255]``: almost all black);
+    - ``La`` / ``RGBa`` (premultiplied alpha) are un-premultiplied first;
+    - ``P`` (palette, possibly transparent) goes through ``RGBA``;
+    - every other mode (``1``, ``L``, ``LA``, ``RGBA``, ``CMYK``, ``YCbCr``...) by PIL's
+      ``convert``. [choice] Alpha is dropped: colours as stored, not composited on a
+      background (as ``torchvision.io.decode_image(..., mode=RGB)`` does).
+    """
+    image.load()
+    if image.mode.startswith("I") or image.mode == "F":
+        scale = 255.0 if image.mode == "F" else 255.0 / WIDE_INTEGER_MAX
+        values = np.asarray(image, dtype=np.float64) * scale
+        gray = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+        return Image.fromarray(gray).convert("RGB")  # 2-D uint8: mode L
+    if image.mode in _PREMULTIPLIED:
+        image = image.convert(_PREMULTIPLIED[image.mode])
+    if image.mode == "P":  # palette images may carry transparency: RGBA avoids PIL's warning
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+#: Premultiplied-alpha modes and the straight-alpha mode each is read through.
+_PREMULTIPLIED = {"La": "LA", "RGBa": "RGBA"}
 
 
 def train_transform(

@@ -193,8 +193,9 @@ def _checkpoint_view(cli: Any, ckpt_path: str, device: torch.device) -> tuple[Mo
 
 def _exported_view(options: Any, cli: Any, device: torch.device) -> tuple[ModelView, int, Any]:
     import radio_lit
+    from radio_lit.export.files import model_file
 
-    model = radio_lit.load(options.model_path).to(device).eval()
+    model = radio_lit.load(model_file(options.model_path, "--model_path")).to(device).eval()
     teachers = dict(cli.model.teachers.items()) if cli is not None else {}
     for teacher in teachers.values():
         teacher.to(device)

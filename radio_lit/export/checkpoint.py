@@ -165,13 +165,15 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def checkpoint_inference_model(
-    checkpoint: str | Path, config: str | Path | None = None
+    checkpoint: str | Path, config: str | Path | None = None, ema: bool = False
 ) -> RadioLitModel:
     """The exported model (normalizers folded) of a radio-lit training checkpoint.
 
     Args:
         checkpoint: a ``.ckpt`` written by ``radio-lit fit``.
         config: the run's config; by default the ``config.yaml`` beside ``checkpoints/``.
+        ema: export the EMA student and heads (``ema.*``, ``model.mesa``; C-RADIOv4 report
+            2.3.2) instead of the raw weights, as NVlabs' loaders prefer ``state_dict_ema``.
     """
     checkpoint = Path(checkpoint)
     if not is_checkpoint(checkpoint):
@@ -180,6 +182,14 @@ def checkpoint_inference_model(
     options, teacher_configs = _model_options(config)
     state = read_training_checkpoint(checkpoint)
     state = state.get("state_dict", state)
+    if ema:
+        averaged = _strip(state, "ema.")
+        if not averaged:
+            raise ValueError(
+                f"{checkpoint} holds no EMA weights (ema.*): train with model.mesa, or export "
+                "without --ema"
+            )
+        state = {**state, **averaged}
 
     student = options.student
     student.load_state_dict(_strip(state, "student."), strict=True)

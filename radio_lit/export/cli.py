@@ -1,4 +1,6 @@
-"""``radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]``.
+"""``radio-lit export``: a training checkpoint as NVlabs/RADIO's format, safetensors or ONNX.
+
+    radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from radio_lit.errors import CommandParser, checkpoint_file
+from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
 from radio_lit.export.onnx import save_onnx
@@ -52,16 +54,22 @@ def main(argv: list[str]) -> None:
         help="ONNX example input size, the graph's fixed size where H, W cannot be dynamic "
         "(E-RADIO; default: the training resolution)",
     )
+    parser.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA student and heads (runs with model.mesa) instead of the raw weights",
+    )
     args = parser.parse_args(argv)
-    checkpoint_file(args.checkpoint, "checkpoint")
     stem = args.output
     if stem is None:
         stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
+    _check_folder(stem.parent, "--output" if args.output is not None else "checkpoint")
+    checkpoint_file(args.checkpoint, "checkpoint")
     formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
         bar.set_postfix_str("fold normalizers")
-        model = checkpoint_inference_model(args.checkpoint, args.config)
+        model = checkpoint_inference_model(args.checkpoint, args.config, args.ema)
         bar.update()
         if "radio" in formats:
             bar.set_postfix_str("write .pth")
@@ -78,3 +86,16 @@ def main(argv: list[str]) -> None:
             bar.update()
     for path in written:
         print(path)
+
+
+def _check_folder(folder: Path, option: str) -> None:
+    """Refuse an output ``folder`` that cannot be made because a file stands in its way (the
+    folder itself or one above it), naming that file."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"radio-lit export: {option}: cannot write into {folder}: {candidate} is a "
+                    "file, not a folder; give another --output (or move that file)"
+                )
+            return

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,20 @@ def save_safetensors(model: RadioLitModel, path: str | Path) -> tuple[Path, Path
     """Write ``<stem>.safetensors`` (RADIO key names) and ``<stem>.json`` (the config)."""
     path = Path(path).with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(model.radio_state_dict(), str(path), metadata={"format": "pt"})
+    save_umask_file(model.radio_state_dict(), path)
     config_path = path.with_suffix(".json")
     config_path.write_text(json.dumps(model.config, indent=2) + "\n")
     return path, config_path
+
+
+def save_umask_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file`` (metadata ``format: pt``), the file then given the mode
+    the process's umask gives new files (``0644`` under umask ``022``), as ``torch.save`` and
+    ``open`` do: safetensors creates it ``0600``, unreadable to colleagues on a shared cluster."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0o022)  # reading the umask means setting it: set it back at once
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def read_radio(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -67,6 +78,31 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     return json.loads(config_path.read_text()), load_file(str(path))
 
 
+#: Suffixes of the files :func:`load` reads.
+MODEL_SUFFIXES = (".safetensors", *RADIO_SUFFIXES, ".ckpt")
+
+
+def model_file(path: str | Path, option: str | None = None) -> Path:
+    """``path`` checked as a model file for :func:`load`: a missing path, or a folder (named
+    with the model files in it), raises ``FileNotFoundError`` prefixed with ``option``."""
+    path = Path(path).expanduser()
+    if path.is_file() or (path / ".metadata").is_file():  # a file, or a sharded .ckpt folder
+        return path
+    prefix = f"{option}: " if option else ""
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix in MODEL_SUFFIXES)
+        inside = (
+            "give one of its files: " + ", ".join(found)
+            if found
+            else "it holds no .safetensors, .pth or .ckpt file (radio-lit export writes them)"
+        )
+        raise FileNotFoundError(f"{prefix}{path} is a folder, not a model file; {inside}")
+    raise FileNotFoundError(
+        f"{prefix}{path} does not exist; give a .safetensors or .pth written by radio-lit "
+        "export, or a training .ckpt"
+    )
+
+
 def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
     """The inference model of an export or a training checkpoint, in eval mode on the CPU.
 
@@ -82,9 +118,7 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
-    path = Path(path)
-    if not path.is_file() and not (path / ".metadata").is_file():  # a sharded .ckpt folder
-        raise FileNotFoundError(f"{path} does not exist")
+    path = model_file(path)
     if path.suffix == ".ckpt":
         from radio_lit.export.checkpoint import checkpoint_inference_model
 

@@ -1,6 +1,7 @@
 """Losses between student predictions and (normalized) teacher targets, and the balancers that
 combine the per-teacher terms into one loss."""
 
+from radio_lit.losses.angular import AngleBalanced, AngularDispersion, angle
 from radio_lit.losses.balancers import (
     AdaLoss,
     Balancer,
@@ -14,6 +15,8 @@ from radio_lit.losses.feature import MSE, Cosine, HybridMSE, HybridSmoothL1, Los
 __all__ = [
     "MSE",
     "AdaLoss",
+    "AngleBalanced",
+    "AngularDispersion",
     "Balancer",
     "BalancerFactory",
     "Cosine",
@@ -23,4 +26,5 @@ __all__ = [
     "TeacherDropping",
     "Uncertainty",
     "Weighted",
+    "angle",
 ]

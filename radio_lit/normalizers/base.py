@@ -169,15 +169,7 @@ class Normalizer(nn.Module):
         them the group's state (called by every rank together), so that the checkpoint rank 0
         writes holds every teacher's statistics. No-op without torch.distributed.
         """
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        for buffer in self.buffers():
-            if buffer.dtype == torch.bool:  # not every backend broadcasts bool
-                flag = buffer.to(torch.uint8)
-                dist.broadcast(flag, src=source)
-                buffer.copy_(flag.bool())
-            else:
-                dist.broadcast(buffer, src=source)
+        broadcast_buffers(self, source)
         self._is_fitted = bool(self.fitted)
 
     def _fit(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -292,6 +284,20 @@ class Normalizer(nn.Module):
             return out if out.dtype == t.dtype else t.to(device=out.device)
 
         return super()._apply(keep_dtype, recurse)
+
+
+def broadcast_buffers(module: nn.Module, source: int) -> None:
+    """Copy every buffer of ``module`` from global rank ``source`` to all ranks (every rank
+    calls it together); no-op without torch.distributed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for buffer in module.buffers():
+        if buffer.dtype == torch.bool:  # not every backend broadcasts bool
+            flag = buffer.to(torch.uint8)
+            dist.broadcast(flag, src=source)
+            buffer.copy_(flag.bool())
+        else:
+            dist.broadcast(buffer, src=source)
 
 
 def _broadcast(t: Tensor, source: int, group: dist.ProcessGroup | None) -> None:

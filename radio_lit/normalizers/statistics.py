@@ -64,17 +64,25 @@ def share_statistics(normalizers: Mapping[str, Normalizer], sources: Mapping[str
     Without torch.distributed, or with every teacher on every rank, it does nothing.
     """
     for name, source in sources.items():
-        normalizers[name].broadcast_state(source)
+        if name in normalizers:  # e.g. no summary dispersion for a teacher without a summary
+            normalizers[name].broadcast_state(source)
 
 
 def complete_checkpoint(
-    normalizers: Mapping[str, Normalizer], sources: Mapping[str, int], state: dict[str, Tensor]
+    normalizers: Mapping[str, Normalizer],
+    sources: Mapping[str, int],
+    state: dict[str, Tensor],
+    prefix: str = "normalizers",
 ) -> None:
     """Before a checkpoint is written (every rank, together): :func:`share_statistics`, then
-    put the shared buffers into the checkpoint's ``state`` (keys ``normalizers.<name>.*``)."""
+    put the shared buffers into the checkpoint's ``state`` (keys ``<prefix>.<name>.*``).
+
+    Any teacher statistic with the normalizers' protocol (``update``, ``fit``,
+    ``broadcast_state``, e.g. :class:`~radio_lit.losses.AngularDispersion`) goes through
+    these functions too."""
     share_statistics(normalizers, sources)
-    for name in sources:
-        prefix = f"normalizers.{name}."
-        for key, buffer in normalizers[name].state_dict(prefix=prefix).items():
+    for name in sources.keys() & normalizers.keys():
+        prefix_of = f"{prefix}.{name}."
+        for key, buffer in normalizers[name].state_dict(prefix=prefix_of).items():
             if key in state:
                 state[key] = buffer.clone()

@@ -31,6 +31,18 @@ right to a multiple of 32 (stage 4's stride), and the output map cropped back to
 ``H / 16 x W / 16`` [choice]. Windows larger than a map shrink to it; maps that windows do not
 tile are padded inside attention with the padding masked out.
 
+This implementation follows the paper, independently of NVlabs' E-RADIO v2 code
+(``radio/eradio_model.py`` in NVlabs/RADIO, a non-commercial licence: read for these facts
+only), which differs from it where the paper is silent: its stage-3 layers are pairs of blocks
+(one per subsample ratio) where this one interleaves single layers; its summary is the mean of
+the output map (here attention pooling); its windowed attention adds a continuous relative
+position bias (Swin V2's MLP) where this one has a depthwise-convolution position encoding;
+its multi-resolution blocks average the residual and the block's output (``0.5 x + 0.5
+skip``) where this one adds them; its stem has an intermediate width before ``d``; and its
+attention and MLP linear layers have no biases (here they do, as timm's). Weights trained by
+one cannot be loaded into the other, which is why ``radio-lit export --format radio`` refuses
+an E-RADIO student.
+
 Layout for speed (the computation is the one above): convolutions run on ``channels_last``
 maps with ``channels_last`` weights, the transformer stages on ``[B, h, w, C]`` token maps (a
 view of the same memory), projections and MLPs only on the map's own tokens (window padding

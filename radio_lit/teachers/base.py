@@ -28,10 +28,13 @@ class TeacherOutput:
     Attributes:
         summary: ``[B, C_s]`` image-level vector, or ``None`` (SAM).
         features: ``[B, H, W, C]`` patch features on the teacher's grid.
+        valid: ``[B, H, W]`` bool, the tokens that show the image when the teacher saw a
+            shifted view (:mod:`radio_lit.shifts`); ``None``: every token.
     """
 
     summary: Tensor | None
     features: Tensor
+    valid: Tensor | None = None
 
 
 class Teacher(nn.Module):
@@ -113,6 +116,11 @@ class Teacher(nn.Module):
         if self.follow_student:
             return student_grid[0] * self.patch_size, student_grid[1] * self.patch_size
         return self.resolution, self.resolution
+
+    def shares_canvas(self, size: tuple[int, int]) -> bool:
+        """Whether views of ``size = (H, W)`` pixels share an encoder input with other views of
+        the batch (a mosaic), so that a view's outputs depend on its batch neighbours."""
+        return False
 
     # -- frozen behaviour -------------------------------------------------------------------
     def freeze(self) -> None:

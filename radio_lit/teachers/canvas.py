@@ -5,6 +5,13 @@ input size, so a smaller view is zero-padded bottom/right to the encoder's size 
 *canvas*) and the features of the unpadded region are cropped out, never interpolated; with
 ``mosaic``, ``k x k`` views share one canvas (RADIOv2.5 4.3,
 :mod:`radio_lit.teachers.mosaic`).
+
+A declared convention for SAM2 and SAM3 (:mod:`radio_lit.teachers.sam_hf`): SAM's own
+preprocessing pads an image to its square input, so padding is what SAM saw in training, but
+SAM2's and SAM3's image processors resize the whole image to the canvas. Pad-and-crop and
+mosaics therefore feed these two encoders zero bands (zero after normalization: the mean
+colour) that they never saw; the features kept are the view's own cells, cropped, never
+interpolated. A view as large as the canvas has no band.
 """
 
 from __future__ import annotations
@@ -57,6 +64,13 @@ class CanvasTeacher(Teacher):
     @property
     def summary_dim(self) -> None:
         return None
+
+    def shares_canvas(self, size: tuple[int, int]) -> bool:
+        """Mosaics pack ``k x k > 1`` views per canvas (global attention mixes them)."""
+        height, width = size
+        if not self.mosaic or height != width:
+            return False
+        return mosaic_layout(height, self.canvas, self.patch_size).k > 1
 
     def encode_canvas(self, images: Tensor) -> Tensor:
         """``[B, 3, canvas, canvas]`` -> features ``[B, canvas/p, canvas/p, C]``."""

@@ -13,10 +13,21 @@ Three sources, one output convention (RADIO's: ``{"backbone": (summary, features
 
 The last two run the repository's own Python code, so they need ``trust_remote_code: true``
 (off by default); the teacher refuses them before anything is downloaded otherwise.
+
+Two facts of NVlabs' adaptors the teacher reads from the model rather than assumes:
+
+- an adaptor whose feature MLP upsamples by ``u`` (``upsample_factor``) returns
+  ``(h u) (w u)`` tokens for an ``h x w`` patch grid: the grid is derived from the token count
+  (``u = sqrt(N / (h w))``), and a count that is no ``u^2`` multiple of the grid is refused;
+- NVlabs builds a summary head for every adaptor, also for teachers distilled without a
+  summary term (``use_summary: false`` in the checkpoint's ``args.teachers``, e.g. SAM: AM-RADIO
+  3.4.1, lambda = 0): such a head was never trained, so its output is no target
+  (:func:`trained_summary` reads ``use_summary``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
@@ -47,6 +58,10 @@ class RADIOTeacher(Teacher):
             ``"dino_v2"``, ``"sam"``..., or a radio-lit export's teacher names).
         resolution: input side in pixels (default the model's preferred resolution).
         follow_student: view at the student's grid instead of ``resolution``.
+        summary: use the chosen output's summary as a target. Default (``None``): when it
+            was trained (an NVlabs adaptor whose teacher had ``use_summary: false`` has an
+            untrained summary head: no summary, see the module docstring). ``True`` refuses
+            an untrained or missing summary; ``False`` drops it (features only).
         hub_repo: ``torch_hub``: the GitHub repository or a local clone's directory.
         trust_remote_code: allow ``torch_hub`` / ``transformers`` to run the repository's
             code (required by both; never needed for ``export``).
@@ -60,6 +75,7 @@ class RADIOTeacher(Teacher):
         adaptor: str = "backbone",
         resolution: int | None = None,
         follow_student: bool = False,
+        summary: bool | None = None,
         hub_repo: str = "NVlabs/RADIO",
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
@@ -71,11 +87,19 @@ class RADIOTeacher(Teacher):
         self.model = cast(net, dtype)
         self.adaptor = adaptor
         self.loader = loader
+        self.use_summary = _use_summary(net, model, loader, adaptor, summary)
         self.freeze()
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
+        if summary and probe.summary is None:
+            raise ValueError(
+                f"RADIOTeacher: output {adaptor!r} of {model!r} has no summary; set summary: "
+                "false (or leave it unset)."
+            )
         self.has_summary = probe.summary is not None
         self._summary_dim = probe.summary.shape[-1] if probe.summary is not None else None
         self._feature_dim = probe.features.shape[-1]
+        #: Feature cells per patch along each side (an upsampling adaptor's ``u``, else 1).
+        self.upsample_factor = probe.features.shape[1] // 2
 
     @property
     def feature_dim(self) -> int:
@@ -85,8 +109,16 @@ class RADIOTeacher(Teacher):
     def summary_dim(self) -> int | None:
         return self._summary_dim
 
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """``(H, W)`` of the feature map for a full view: ``u`` cells per patch and side."""
+        side = self.resolution // self.patch_size * self.upsample_factor
+        return side, side
+
     def encode(self, view: Tensor) -> TeacherOutput:
-        """``[B, 3, H, W]`` in ``[0, 1]`` -> the chosen output, features ``[B, H/p, W/p, C]``."""
+        """``[B, 3, H, W]`` in ``[0, 1]`` -> the chosen output: summary ``[B, C_s]`` (``None``
+        without a trained one) and features ``[B, u H/p, u W/p, C]`` (``u``: the adaptor's
+        upsampling factor, 1 for the backbone and most adaptors)."""
         # NVlabs' hub model takes the layout as an argument; its HF wrapper returns NLC
         outputs = (
             self.model(view, feature_fmt="NLC") if self.loader == "torch_hub" else self.model(view)
@@ -99,11 +131,81 @@ class RADIOTeacher(Teacher):
                 f"{sorted(outputs)}. Set adaptor to one of them."
             )
         chosen = outputs[self.adaptor]  # TeacherOutput, or RADIO's RadioOutput namedtuple
-        summary, features = chosen.summary, chosen.features
-        if features.ndim == 3:  # NLC -> [B, h, w, C]
+        summary = chosen.summary if self.use_summary is not False else None
+        features = chosen.features
+        if features.ndim == 3:  # NLC -> [B, u h, u w, C]
             rows, cols = view.shape[-2] // self.patch_size, view.shape[-1] // self.patch_size
-            features = features.reshape(len(view), rows, cols, -1)
+            factor = upsample_factor(features.shape[1], rows, cols, self.adaptor)
+            features = features.reshape(len(view), rows * factor, cols * factor, -1)
         return TeacherOutput(summary=summary, features=features)
+
+
+def upsample_factor(tokens: int, rows: int, cols: int, output: str) -> int:
+    """``u`` with ``tokens == (u rows) (u cols)``: the cells per patch and side of an output
+    (NVlabs' upsampling adaptors); ``ValueError`` when there is no such integer."""
+    factor = math.isqrt(tokens // (rows * cols)) if tokens >= rows * cols else 0
+    if factor == 0 or factor * factor * rows * cols != tokens:
+        raise ValueError(
+            f"RADIOTeacher: output {output!r} gave {tokens} tokens for a {rows}x{cols} patch "
+            f"grid, which is no (u*{rows})x(u*{cols}) grid for an integer upsampling factor u; "
+            "choose another adaptor."
+        )
+    return factor
+
+
+def _use_summary(
+    net: nn.Module, model: str, loader: str, adaptor: str, summary: bool | None
+) -> bool | None:
+    """Whether to use the chosen output's summary: ``summary`` as given, checked against
+    whether NVlabs' model trained it (:func:`trained_summary`); ``None``: as the output gives
+    it (a radio-lit export returns no summary where none was trained)."""
+    if adaptor == "backbone" or loader == "export":
+        return summary
+    trained = trained_summary(net, model, loader, adaptor)
+    if trained is None:
+        return summary
+    if summary and not trained:
+        raise ValueError(
+            f"RADIOTeacher: {model!r} was distilled from {adaptor!r} without a summary term "
+            "(use_summary: false in its checkpoint): its summary head is untrained. Set "
+            "summary: false (or leave it unset)."
+        )
+    return trained if summary is None else summary
+
+
+def trained_summary(net: nn.Module, model: str, loader: str, adaptor: str) -> bool | None:
+    """Whether NVlabs' model ``net`` trained ``adaptor``'s summary head: ``use_summary`` of
+    its entry in the checkpoint's ``args.teachers`` (the HF config's ``args``, or the
+    ``torch_hub`` checkpoint file's), else, for a hub version name, whether the adaptor's
+    token slot (``head_idx``) is one of the model's ``summary_idxs`` (NVlabs' releases give
+    each teacher its own slot); ``None`` when neither is known."""
+    teachers = _checkpoint_teachers(net, model, loader)
+    if teachers is not None:
+        entry = next((t for t in teachers if t.get("name") == adaptor), None)
+        return None if entry is None else bool(entry.get("use_summary", True))
+    inner = getattr(net, "radio_model", net)  # the HF wrapper holds the hub model
+    adaptors, trained_idxs = getattr(inner, "adaptors", None), getattr(inner, "summary_idxs", None)
+    if adaptors is None or adaptor not in adaptors or trained_idxs is None:
+        return None
+    return int(adaptors[adaptor].head_idx) in trained_idxs.tolist()
+
+
+def _checkpoint_teachers(net: nn.Module, model: str, loader: str) -> list[dict] | None:
+    """``args.teachers`` of NVlabs' checkpoint where it can be read: the HF config's ``args``,
+    or the ``torch_hub`` file ``model`` (memory-mapped: the weights are not read; the file was
+    unpickled by the hub's code already, which ``trust_remote_code`` allowed)."""
+    args = getattr(getattr(net, "config", None), "args", None)
+    if args is None and loader == "torch_hub" and os.path.isfile(os.path.expanduser(model)):
+        path = os.path.expanduser(model)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        except RuntimeError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        args = checkpoint.get("args") if isinstance(checkpoint, dict) else None
+    if args is None:
+        return None
+    teachers = args.get("teachers") if isinstance(args, dict) else getattr(args, "teachers", None)
+    return list(teachers) if teachers is not None else None
 
 
 def _dtype(net: nn.Module) -> torch.dtype:

@@ -1,5 +1,7 @@
 """SAM2 and SAM3 image encoders from transformers as features-only teachers (C-RADIOv4
 distills SAM3), fed by pad-and-crop or mosaics like SAM (:mod:`radio_lit.teachers.canvas`).
+Their own image processors resize rather than pad, so a view smaller than the canvas shows
+them zero bands they never saw in training: a declared convention (see that module).
 
 Both are taken *before* their FPN neck, as RADIO does for SAM (AM-RADIO 3.4) and for SAM3
 (NVlabs/RADIO #175: C-RADIOv4 distills SAM3's features before the neck): the neck only

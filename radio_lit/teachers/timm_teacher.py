@@ -25,14 +25,20 @@ from radio_lit.teachers.tokens import SummarySource, TokenLayout, TokenTeacher, 
 
 class TimmTeacher(TokenTeacher):
     """Frozen timm ViT-like encoder (``VisionTransformer``, ``Eva``...): any model with
-    ``forward_features`` returning ``[B, prefix + N, C]`` normed tokens.
+    ``forward_features`` returning ``[B, prefix + N, C]`` tokens.
 
-    Outputs for a view ``[B, 3, H, W]``: ``features`` ``[B, H/p, W/p, C]`` (the normed patch
-    tokens of ``forward_features``, the ``model.num_prefix_tokens`` class/register tokens
-    dropped) and ``summary`` ``[B, C]``: the normed class token (``summary: cls``, default for
-    models with one), or the model's pooled pre-logits ``forward_head(x, pre_logits=True)``
-    (``summary: pooled``: the attention pool of timm's SigLIP ViTs, default without a class
-    token).
+    Outputs for a view ``[B, 3, H, W]``: ``features`` ``[B, H/p, W/p, C]`` (the patch tokens
+    of ``forward_features``, the ``model.num_prefix_tokens`` class/register tokens dropped)
+    and ``summary`` ``[B, C]``: the class token of ``forward_features`` (``summary: cls``,
+    default for models with one), or the model's pooled pre-logits
+    ``forward_head(x, pre_logits=True)`` (``summary: pooled``: the attention pool of timm's
+    SigLIP ViTs, default without a class token).
+
+    The tokens are after the model's final norm, except for a model built with
+    ``use_fc_norm`` (timm's default with ``global_pool="avg"``, e.g. BEiT / MAE fine-tunes):
+    its ``norm`` is an identity and ``fc_norm`` norms the pooled vector only, so its features
+    and ``cls`` summary are un-normed and its ``pooled`` summary normed. [choice] No norm is
+    added: the targets are what the model returns.
 
     Weights: ``checkpoint`` (a local file; built on the meta device and assigned, see
     :mod:`radio_lit.teachers.loading`; timm's ``checkpoint_filter_fn`` converts the original

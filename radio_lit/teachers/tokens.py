@@ -71,7 +71,8 @@ class TokenTeacher(Teacher):
         return self._summary_dim
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``[B, 3, H, W]`` -> (normed tokens ``[B, prefix + HW/p^2, C]``, pooled summary
+        """``[B, 3, H, W]`` -> (tokens ``[B, prefix + HW/p^2, C]`` as the model returns them, normed
+        or not (see the subclasses), pooled summary
         ``[B, C_s]`` or ``None`` when the library has no pooled output)."""
         raise NotImplementedError
 
@@ -87,6 +88,12 @@ class TokenTeacher(Teacher):
                 f"expected {self.num_prefix_tokens} prefix tokens"
             )
         features = tokens[:, prefix:].reshape(batch, rows, cols, -1)
+        if self.summary_source == "cls" and prefix == 0:  # the first token is a patch
+            raise RuntimeError(
+                f"{type(self).__name__}: summary: cls on a model without a class token "
+                f"({tokens.shape[1]} tokens, all patches of the {rows}x{cols} grid); use "
+                "summary: pooled or summary: none"
+            )
         if self.summary_source == "cls":
             summary = tokens[:, 0]
         elif self.summary_source == "pooled":

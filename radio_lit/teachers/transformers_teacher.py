@@ -1,5 +1,6 @@
 """Generic Hugging Face transformers ViT teacher: the token layout comes from the model's
-output, patch size and input size from its config, pixel statistics from its architecture.
+output, patch size and input size from its config, pixel statistics from the checkpoint's
+image processor config (``preprocessor_config.json``), else from its architecture.
 
 ``from_pretrained`` already builds on the meta device and assigns the checkpoint's tensors
 (transformers' own low-memory loading), so large teachers load with one copy of the weights.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from timm.data import (
@@ -21,7 +21,6 @@ from timm.data import (
 from torch import Tensor, nn
 from transformers import (
     AutoConfig,
-    AutoImageProcessor,
     AutoModel,
     Dinov2Model,
     Dinov2WithRegistersModel,
@@ -29,6 +28,7 @@ from transformers import (
     PretrainedConfig,
     SiglipVisionModel,
 )
+from transformers.image_processing_utils import ImageProcessingMixin
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
@@ -44,8 +44,11 @@ VISION_MODELS: dict[str, type[nn.Module]] = {
     "siglip_vision_model": SiglipVisionModel,
 }
 
-#: Pixel statistics by architecture (what each family's image processor uses), whatever the
-#: weights' source: SigLIP and SAM3 map [0, 1] to [-1, 1]; DINOv2/v3 and SAM2 use ImageNet's.
+#: Pixel statistics by architecture (what each family's image processor uses), for a model
+#: without an image processor config of its own (a model type built from ``model_kwargs``,
+#: a directory without ``preprocessor_config.json``): SigLIP and SAM3 map [0, 1] to [-1, 1];
+#: DINOv2/v3 and SAM2 use ImageNet's. A checkpoint's own config wins (DINOv3's SAT-493M
+#: weights use mean (0.430, 0.411, 0.296), std (0.213, 0.156, 0.143), not ImageNet's).
 PIXEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "dinov2": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
     "dinov2_with_registers": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
@@ -66,6 +69,12 @@ REFUSED: dict[str, str] = {
     ),
 }
 REFUSED["siglip2_vision_model"] = REFUSED["siglip2"]
+REFUSED["clip"] = (
+    "A full CLIPModel checkpoint holds the image and the text towers, and its forward needs "
+    "text. Use radio_lit.teachers.OpenCLIPTeacher (open_clip's CLIP models, e.g. model_name "
+    "ViT-L-14 with pretrained openai), or a CLIPVisionModel checkpoint (model type "
+    "'clip_vision_model')"
+)
 
 LOCAL_HINT = (
     "On an offline machine set HF_HUB_OFFLINE=1 and give a local directory written by "
@@ -76,15 +85,22 @@ LOCAL_HINT = (
 class TransformersTeacher(TokenTeacher):
     """Frozen transformers vision encoder returning ``last_hidden_state`` tokens.
 
-    Outputs for a view ``[B, 3, H, W]``: ``features`` ``[B, H/p, W/p, C]`` (the normed
-    ``last_hidden_state`` patch tokens; class and register tokens, counted from the output,
-    dropped) and ``summary`` ``[B, C]``: the model's ``pooler_output`` (``summary: pooled``,
-    default: the normed CLS token of DINOv2/v3, the attention-pool embedding of SigLIP), the
-    first token (``cls``), or none.
+    Outputs for a view ``[B, 3, H, W]``: ``features`` ``[B, H/p, W/p, C]`` (the
+    ``last_hidden_state`` patch tokens as the model returns them; class and register tokens,
+    counted from the output, dropped) and ``summary`` ``[B, C]``: the model's
+    ``pooler_output`` (``summary: pooled``, default: the normed CLS token of DINOv2/v3, the
+    attention-pool embedding of SigLIP), the class token of ``last_hidden_state`` (``cls``,
+    refused for a model without one, such as SigLIP), or none.
+
+    Whether the tokens are normed is the model's choice: DINOv2/v3's and SigLIP's
+    ``last_hidden_state`` come after their final layer norm; a ``CLIPVisionModel``'s come
+    before its ``post_layernorm``, which it applies to the pooled class token only, so its
+    features are un-normed tokens and its ``pooled`` summary is normed. [choice] No norm is
+    added: the targets are what the library returns.
 
     Model types with a dedicated vision class (:data:`VISION_MODELS`: SigLIP, DINOv2,
-    DINOv3) run it; others run ``AutoModel``. SigLIP2's NaFlex ``Siglip2VisionModel`` is
-    refused (:data:`REFUSED`).
+    DINOv3) run it; others run ``AutoModel``. SigLIP2's NaFlex ``Siglip2VisionModel`` and a
+    full ``CLIPModel`` (image and text towers) are refused (:data:`REFUSED`).
 
     Args:
         model: an HF model id, a local directory written by ``save_pretrained``, or, with
@@ -96,8 +112,8 @@ class TransformersTeacher(TokenTeacher):
         model_kwargs: config overrides (``hidden_size``, ``num_hidden_layers``...).
         follow_student: view at the student's grid (RADIOv2.5 4.2).
         summary: summary source (see above).
-        mean: pixel mean override; default by architecture (:data:`PIXEL_STATS`) or the
-            model's image processor config.
+        mean: pixel mean override; default the checkpoint's image processor config
+            (``image_mean``), else by architecture (:data:`PIXEL_STATS`).
         std: pixel std override, as ``mean``.
         trust_remote_code: let a hub repository run its own Python code while loading. Off by
             default: a repository's code runs with your permissions.
@@ -153,8 +169,14 @@ def transformers_layout(
     mean: tuple[float, float, float] | None,
     std: tuple[float, float, float] | None,
 ) -> TokenLayout:
-    """The :class:`TokenLayout` of a transformers vision model from its config."""
+    """The :class:`TokenLayout` of a transformers vision model from its config; a ``cls``
+    summary of a model without a class token is refused."""
     stats = pixel_stats(teacher, model, config, mean, std)
+    if summary == "cls" and prefix_tokens(config) == 0:
+        raise ValueError(
+            f"{teacher}: {model!r} ({config.model_type}) has no class token; use summary: "
+            "pooled (its pooler_output) or summary: none."
+        )
     return TokenLayout(
         resolution=resolution or square_side(config.image_size),
         patch_size=square_side(config.patch_size),
@@ -247,20 +269,30 @@ def pixel_stats(
     mean: tuple[float, ...] | None,
     std: tuple[float, ...] | None,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Pixel ``(mean, std)``: the overrides, else the architecture's (:data:`PIXEL_STATS`),
-    else the model's image processor config."""
+    """Pixel ``(mean, std)``: the overrides, else the checkpoint's image processor config
+    (``image_mean`` / ``image_std`` of its ``preprocessor_config.json``), else the
+    architecture's (:data:`PIXEL_STATS`)."""
     if mean is not None and std is not None:
         return mean, std
-    known = PIXEL_STATS.get(config.model_type)
-    if known is None and not is_model_type(model):
-        try:
-            processor: Mapping[str, Any] = AutoImageProcessor.from_pretrained(model).to_dict()
-            known = (processor["image_mean"], processor["image_std"])
-        except (OSError, KeyError, ValueError):
-            known = None
+    known = None if is_model_type(model) else processor_stats(model)
+    if known is None:
+        known = PIXEL_STATS.get(config.model_type)
     if known is None:
         raise ValueError(
             f"{teacher}: no pixel statistics known for a {config.model_type!r} model; give "
             "mean and std (the image processor's image_mean / image_std)."
         )
     return (mean or tuple(known[0])), (std or tuple(known[1]))
+
+
+def processor_stats(model: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """``(image_mean, image_std)`` of ``model``'s image processor config (an HF id or a
+    directory), or ``None`` where it has none or the config states no statistics."""
+    try:
+        processor, _ = ImageProcessingMixin.get_image_processor_dict(model)
+    except (OSError, ValueError):
+        return None
+    mean, std = processor.get("image_mean"), processor.get("image_std")
+    if mean is None or std is None:
+        return None
+    return tuple(map(float, mean)), tuple(map(float, std))

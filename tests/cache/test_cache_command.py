@@ -118,11 +118,11 @@ def test_cache_layout(written: tuple[Path, Path]) -> None:
     first = epoch_order(10, 0, 0)[0]  # the first image a one-rank run sees
     assert sample["__key__"] == f"i{first:09d}_v0000"
     tensors = load_safetensors(sample["safetensors"])
-    assert set(tensors) == {
+    assert set(tensors) == {  # the outputs computed in a one-rank run's batches
         "pixels",
-        "clip/56x56/features",
-        "clip/56x56/summary",
-        "sam/64x64/features",
+        "clip/56x56/features@1",
+        "clip/56x56/summary@1",
+        "sam/64x64/features@1",
     }
     assert sum(path.stat().st_size for path in shards) <= 5 * (4 * manifest.sample_bytes + 10240)
     # every file readable as the user's umask allows (safetensors alone makes its files 0600)
@@ -300,3 +300,114 @@ def test_bad_options_give_one_line(
     status, error = _run([*base, "--view", "2"], capsys)  # never taken for --views
     assert status == 2 and "Unrecognized arguments: --view 2" in error
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _damage(path: Path, offset: int, count: int) -> None:
+    """Overwrite ``count`` bytes of ``path`` at ``offset`` in place (same size)."""
+    with path.open("r+b") as file:
+        file.seek(offset)
+        old = file.read(count)
+        file.seek(offset)
+        file.write(bytes(b ^ 0xFF for b in old))
+
+
+def test_damaged_or_misplaced_samples_give_one_line_and_no_run_folder(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes overwritten inside a shard (same size) are found by the sample's checksum when
+    read, in a DataLoader worker too; a shard holding other samples by their keys. One line
+    naming the shard and the fix, exit 2, and no empty version folder."""
+    config, cache = written
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    fit = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    fit += ["--data.path", str(copy), "--data.num_workers", "1", "--trainer.logger", "true"]
+    index = json.loads((copy / "shard-000000.json").read_text())
+    _, offset, size, _ = index["samples"][1]
+    _damage(copy / "shard-000000.tar", offset + size // 2, 1024)
+    status, error = _run(fit, capsys)
+    assert status == 2
+    assert f"cache shard {copy / 'shard-000000.tar'} is damaged" in error
+    assert "does not match its checksum): remove it and run radio-lit cache again" in error
+    assert not list(tmp_path.glob("lightning_logs/version_*"))
+
+    shutil.copy(cache / "shard-000000.tar", copy / "shard-000000.tar")
+    for suffix in ("tar", "json"):  # shard 1 (4 samples, same size) where shard 0 belongs
+        shutil.copy(cache / f"shard-000001.{suffix}", copy / f"shard-000000.{suffix}")
+    status, error = _run(fit, capsys)
+    assert status == 2 and f"cache shard {copy / 'shard-000000.tar'} holds i" in error
+    assert ".safetensors belongs: run radio-lit cache again" in error
+
+
+def test_a_changed_weight_file_or_library_makes_the_cache_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The teachers are not built from a cache: their weight files are checked by size and
+    mtime, then by sha256; one changed byte is refused with one line, as is another version
+    of a library; ``accept_stale`` trains anyway."""
+    import torch
+    from segment_anything.modeling import ImageEncoderViT
+
+    from radio_lit.cache import identity
+    from tests.teachers.tiny import TINY_SAM_ENCODER
+
+    weights = tmp_path / "sam.pth"
+    encoder = ImageEncoderViT(**TINY_SAM_ENCODER)
+    torch.save({f"image_encoder.{k}": v for k, v in encoder.state_dict().items()}, weights)
+    config = _config(tmp_path, sam={"checkpoint": str(weights)})
+    assert (
+        _run(["cache", "--config", str(config), "--out", "cache", "--views", "1"], capsys)[0] == 0
+    )
+    fit = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    fit += ["--data.path", "cache", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"]
+
+    weights.write_bytes(weights.read_bytes())  # same bytes, a new mtime: hashed, accepted
+    assert _run(fit, capsys) == (0, "")
+
+    _damage(weights, weights.stat().st_size // 2, 1)
+    status, error = _run(fit, capsys)
+    assert status == 2
+    assert f"teacher sam's weight file {weights} changed since the cache was written" in error
+    assert "write it again with radio-lit cache" in error and "accept_stale true" in error
+    assert _run([*fit, "--data.accept_stale", "true"], capsys) == (0, "")
+
+    _damage(weights, weights.stat().st_size // 2, 1)  # the original bytes again
+    versions = {**identity.libraries(), "timm": "0.0.1"}
+    monkeypatch.setattr(identity, "libraries", lambda: versions)
+    status, error = _run(fit, capsys)
+    assert status == 2 and "timm " in error and "wrote the cache, 0.0.1 is installed" in error
+
+
+def test_views_epochs_writes_only_the_steps_the_run_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """3 steps of 4 images over 10 items: all of epoch 0 (2 steps) and epoch 1's first
+    step, 14 samples, not 2 whole views (20); the run from it takes its 3 steps, and a run
+    of more steps is refused with one line."""
+    config = _config(tmp_path)
+    written = ["cache", "--config", str(config), "--out", "cache", "--views", "epochs"]
+    assert _run(written, capsys)[0] == 0
+    manifest = Manifest.load("cache")
+    assert (manifest.views, manifest.num_samples) == (2, 14)
+    fit = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    fit += ["--data.path", "cache", "--trainer.limit_val_batches", "0"]
+    assert _run(fit, capsys) == (0, "")
+    status, error = _run([*fit, "--trainer.max_steps", "4"], capsys)
+    assert status == 2
+    assert "trainer.max_steps: the cache cache holds the first 3 steps" in error
+
+
+def test_a_cache_of_an_older_format_gives_one_line(
+    tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, cache = written
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    record = json.loads((copy / "manifest.json").read_text())
+    for key in ("grouping", "identity", "samples"):  # what format 3 added
+        record.pop(key)
+    (copy / "manifest.json").write_text(json.dumps({**record, "format": 2}))
+    fit = ["fit", "--config", str(config), "--data", "radio_lit.cache.CachedViews"]
+    status, error = _run([*fit, "--data.path", str(copy)], capsys)
+    assert status == 2 and "has cache format 2, this radio_lit reads 3" in error
+    assert "write the cache again with radio-lit cache" in error

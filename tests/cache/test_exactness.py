@@ -41,11 +41,12 @@ def _module(partitions: bool) -> Any:
     torch.manual_seed(0)  # the same teachers and student in every run
     if not partitions:
         return tiny_module(normalizer=PhiS)
-    # two partitions on one rank; the DINOv2 teacher follows the student's two resolutions
+    # two partitions on one rank; the DINOv2 teacher follows the student's two resolutions;
+    # SAM packs its partition's 2 views into a mosaic (canvas neighbours, 2 x 2 tiles)
     teachers = {
         "clip": tiny_clip_teacher(),
         "dino": tiny_dinov2_teacher(follow_student=True),
-        "sam": tiny_sam_teacher(resolution=64),
+        "sam": tiny_sam_teacher(resolution=64, mosaic=True),
     }
     layout = {
         "semantic": Partition(teachers=["clip", "dino"], batch_size=2, resolutions=[32, 64]),

@@ -29,6 +29,8 @@ BATCH = {
     "am-radio/stage1.yaml": 1024,
     "am-radio/stage2.yaml": 1152,
     "c-radio/stage1.yaml": 1152,
+    "c-radio/stage2.yaml": 1152,
+    "c-radio/stage3.yaml": 1152,
 }
 PRESETS = sorted(str(p) for p in (ROOT / "callbacks").glob("*.yaml"))
 
@@ -189,20 +191,33 @@ def test_am_radio_partitions(capsys):
     assert model["loss"]["init_args"]["beta"] == 0.9
 
 
-def test_c_radio_teacher_set_and_resolution_partitions(capsys):
-    """C-RADIOv4: SigLIP2-g at 384 px, DINOv3-7B following the student, SAM3 with mosaics;
-    a low partition {128..432} and a high one {512..1152}, every teacher in both."""
-    path = str(ROOT / "configs" / "recipes" / "c-radio" / "stage1.yaml")
-    model = recipe(capsys, path)["model"]
-    teachers = {name: t["init_args"] for name, t in model["teachers"].items()}
-    assert teachers["siglip2_g"]["model_name"] == "ViT-gopt-16-SigLIP2-384"
-    assert teachers["dino_v3"]["model"].startswith("vit_7b_patch16_dinov3")
-    assert teachers["dino_v3"]["follow_student"]
-    assert teachers["sam3"]["mosaic"] and teachers["sam3"]["follow_student"]
-    parts = model["partitions"]
-    assert parts["low_res"]["resolutions"] == [128, 192, 224, 256, 384, 432]
-    assert parts["high_res"]["resolutions"] == [512, 768, 1024, 1152]
-    assert all(p["teachers"] is None for p in parts.values())
+def test_c_radio_recipe(capsys):
+    """C-RADIOv4: SigLIP2-g at 384 px, DINOv3-7B following the student, SAM3 from stage 3
+    (RADIO #175) with mosaics; a low partition {128..432} and a high one {512..1152}, every
+    teacher in both; the report's training parts on, with the values RADIO #181 and table 3
+    give."""
+    for stage in (1, 2, 3):
+        path = str(ROOT / "configs" / "recipes" / "c-radio" / f"stage{stage}.yaml")
+        model = recipe(capsys, path)["model"]
+        teachers = {name: t["init_args"] for name, t in model["teachers"].items()}
+        assert teachers["siglip2_g"]["model_name"] == "ViT-gopt-16-SigLIP2-384"
+        assert teachers["dino_v3"]["model"].startswith("vit_7b_patch16_dinov3")
+        assert teachers["dino_v3"]["follow_student"]
+        assert ("sam3" in teachers) == (stage == 3)
+        assert (model["init_from"] is None) == (stage == 1)
+        parts = model["partitions"]
+        assert parts["low_res"]["resolutions"] == [128, 192, 224, 256, 384, 432]
+        assert parts["high_res"]["resolutions"] == [512, 768, 1024, 1152]
+        assert all(p["teachers"] is None for p in parts.values())
+        assert model["shifts"]["init_args"]["std"] == 0.5  # RADIO #181
+        assert model["mesa"]["init_args"]["decay"] == 0.9996  # RADIO #181
+        dispersion = model["summary_loss"]["init_args"]["dispersion"]
+        assert dispersion == {"siglip2_g": 0.694, "dino_v3": 2.186}  # report table 3
+        weights = {**model["feature_weights"], **model["summary_weights"]}
+        assert set(weights.values()) == {1.0}  # RADIO #181 (SAM3 has no summary term)
+        assert model["damp"]["init_args"]["std"] > 0
+    sam3 = teachers["sam3"]
+    assert sam3["mosaic"] and sam3["follow_student"]
     # SAM3 follows the student's grid at 14 px per cell: every view fits its 1008 px canvas
     assert max(parts["high_res"]["resolutions"]) // 16 * 14 <= 1008
 

@@ -55,6 +55,20 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.logger", "false"],
         ["trainer:", "LearningRateMonitor", "no logger"],
     ),
+    "negative shift spread": (
+        [*FIT, "--model.shifts", "radio_lit.shifts.PatchShifts", "--model.shifts.std", "-1"],
+        ["model.shifts.init_args", "std (-1.0)", "must be >= 0"],
+    ),
+    "a fixed summary dispersion for a teacher without a summary": (
+        [
+            *FIT,
+            "--model.summary_loss",
+            "radio_lit.losses.AngleBalanced",
+            "--model.summary_loss.dispersion",
+            "{sam: 1.0}",
+        ],
+        ["model.summary_loss.init_args.dispersion", "['sam']", "not teachers with a summary"],
+    ),
     "empty image folder": (
         [*FIT, "--data.init_args.train_dir", "{tmp}/empty"],
         ["data.init_args.train_dir", "no images found"],
@@ -119,7 +133,7 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "non-positive batch size": (
         [*FIT, "--data.init_args.batch_size", "0"],
-        ["batch_size=0", "must be positive"],
+        ["data.init_args.batch_size: must be at least 1", "batch_size=0"],
     ),
     "unknown option": (
         [*FIT, "--trainer.max_stepz", "3"],
@@ -183,6 +197,28 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "export a corrupt checkpoint": (
         ["export", "{tmp}/corrupt.ckpt"],
         ["cannot be read as a checkpoint"],
+    ),
+    "export into a folder blocked by a file": (
+        ["export", "{tmp}/corrupt.ckpt", "--output", "{tmp}/corrupt.ckpt/export/model"],
+        ["--output", "corrupt.ckpt is a file, not a folder", "give another --output"],
+    ),
+    "evaluate a folder as an exported model": (
+        ["evaluate", "--model_path", "{tmp}"],
+        ["--model_path", "is a folder, not a model file", "corrupt.ckpt"],
+    ),
+    "an overlay config alone": (
+        ["fit", "--config", str(ROOT / "configs" / "quickstart-eradio.yaml")],
+        ["quickstart-eradio.yaml is an overlay", "radio-lit fit --config configs/quickstart.yaml"],
+    ),
+    "a cls summary of a teacher without a class token": (
+        [
+            *FIT,
+            "--model.teachers.dino",
+            "{class_path: radio_lit.teachers.TransformersTeacher, init_args: {model: "
+            "siglip_vision_model, pretrained: false, summary: cls, model_kwargs: {hidden_size: "
+            "32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2}}}",
+        ],
+        ["model.teachers.dino", "has no class token", "summary: pooled"],
     ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,8 @@ def test_predict_from_an_export_writes_what_load_computes(run, tmp_path, monkeyp
     # Read back as a user would: safetensors files named by the manifest.
     shards = [load_file(str(out / shard["file"])) for shard in manifest["shards"]]
     assert [len(s["backbone/summary"]) for s in shards] == [3, 2]
+    modes = {stat.S_IMODE((out / s["file"]).stat().st_mode) for s in manifest["shards"]}
+    assert modes == {stat.S_IMODE((out / "manifest.json").stat().st_mode)}  # the umask's
     stored = {k: torch.cat([s[k] for s in shards]) for k in shards[0]}
     files = [run["images"] / n for n in names]
     expected = expected_outputs(run["export"], files, (64, 64))

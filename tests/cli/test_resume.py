@@ -201,8 +201,9 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     uninterrupted, tmp_path
 ):
     """``kill -TERM`` (a scheduler's stop) in the middle of step 3's forward, the last of an
-    epoch: the run saves after that step (the next run starts a new epoch), names its folder and the command that resumes, and exits 143 (so that
-    ``fit && next`` stops); the printed command ends as the uninterrupted run does."""
+    epoch: the run saves after that step (the next run starts a new epoch), names its folder
+    and the command that resumes, and exits 143 (so that ``fit && next`` stops); the printed
+    command ends as the uninterrupted run does."""
     config = yaml.safe_load(write_config(tmp_path).read_text())
     config["trainer"]["callbacks"].append(
         {

@@ -5,14 +5,17 @@ from __future__ import annotations
 import io
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from radio_lit.data.image_folder import ImageFolderDataset
 from radio_lit.data.transforms import (
     UnreadableImageError,
     eval_transform,
     load_rgb,
+    to_rgb,
     train_transform,
 )
 
@@ -95,3 +98,57 @@ def test_a_palette_image_with_transparency_converts_without_warnings() -> None:
         warnings.simplefilter("error")
         image = load_rgb(buffer.getvalue())
     assert image.mode == "RGB" and image.getpixel((0, 0)) == (250, 10, 10)
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+#: 16-bit gray samples and the 8-bit value each must read as (``round(v * 255 / 65535)``).
+WIDE = np.array([[0, 257, 1000, 32768, 60000, 65535]], dtype=np.uint16)
+WIDE_AS_8_BIT = [0, 1, 4, 128, 233, 255]
+
+
+def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped() -> None:
+    """A 16-bit PNG (mode ``I;16``) read as ``v * 255 / 65535`` (PIL's convert("RGB")
+    clips at 255: every sample above 255 turned white)."""
+    decoded = load_rgb(_png(Image.fromarray(WIDE)))
+    assert np.asarray(decoded).tolist() == [[[v] * 3 for v in WIDE_AS_8_BIT]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "values", "expected"),
+    [
+        ("I", WIDE.astype(np.int32), WIDE_AS_8_BIT),  # 16-bit PNGs in older Pillow releases
+        ("F", np.array([[0.0, 0.25, 0.5, 1.0, 1.5, -0.5]], np.float32), [0, 64, 128, 255, 255, 0]),
+    ],
+)
+def test_wide_gray_modes_are_scaled_over_their_range(mode, values, expected) -> None:
+    image = Image.fromarray(values)
+    assert image.mode == mode
+    assert np.asarray(to_rgb(image))[..., 0].tolist() == [expected]
+
+
+@pytest.mark.parametrize(
+    ("mode", "color", "rgb"),
+    [
+        ("LA", (90, 255), (90, 90, 90)),
+        ("La", (90, 255), (90, 90, 90)),
+        ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+        ("RGBa", (10, 20, 30, 255), (10, 20, 30)),
+        ("1", 1, (255, 255, 255)),
+        ("L", 77, (77, 77, 77)),
+    ],
+)
+def test_alpha_and_gray_modes_keep_their_colours(mode, color, rgb) -> None:
+    assert to_rgb(Image.new(mode, (2, 2), color)).getpixel((1, 1)) == rgb
+
+
+def test_training_reads_a_16_bit_png_scaled(tmp_path) -> None:
+    """The image-folder dataset (training, the cache and evaluation read through it) gets
+    the scaled values: a constant 16-bit image of 32768 is mid-gray, not white."""
+    (tmp_path / "wide.png").write_bytes(_png(Image.fromarray(np.full((8, 8), 32768, np.uint16))))
+    crop = ImageFolderDataset(tmp_path, eval_transform(8))[0]
+    assert crop.unique().tolist() == [128]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import radio_lit
@@ -19,6 +21,8 @@ class ExportedMeanColor(MeanColor):
 
 def test_an_exported_model_is_evaluated_through_radio_lit_load(tmp_path, monkeypatch, capsys):
     train, evaluation = dataset_root(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    Path("model.safetensors").touch()  # --model_path is checked to be a file
     loaded = []
     monkeypatch.setattr(
         radio_lit, "load", lambda path: loaded.append(path) or ExportedMeanColor(), raising=False
@@ -39,7 +43,7 @@ def test_an_exported_model_is_evaluated_through_radio_lit_load(tmp_path, monkeyp
             str(preset),
         ]
     )
-    assert loaded == ["model.safetensors"]
+    assert loaded == [Path("model.safetensors")]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["measure", "value", "(step", "0)"]
     assert lines[2].split() == ["eval/knn/backbone/top1", "100"]

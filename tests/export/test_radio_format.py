@@ -3,6 +3,8 @@ radio-lit's own outputs; ``radio_lit.load`` and ``radio-lit export`` as a user m
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -144,10 +146,16 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
     run = tmp_path / "version_0"
     checkpoint = saved_run(trained, run)
 
-    main(["export", str(checkpoint)])
+    umask = os.umask(0o022)
+    try:
+        main(["export", str(checkpoint)])
+    finally:
+        os.umask(umask)
 
     written = capsys.readouterr().out.split()
     assert [Path(p).name for p in written] == ["last.pth", "last.safetensors", "last.json"]
+    # every file readable by the group and others, as the umask allows (safetensors: was 0600)
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in written] == [0o644] * 3
     images = torch.rand(2, 3, 64, 64)
     own = own_outputs(trained, images)
     for path in [*written[:2], checkpoint]:  # a training checkpoint loads directly too
@@ -159,6 +167,16 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
         main(["export", str(tmp_path / "elsewhere.ckpt")])
     assert stopped.value.code == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_an_output_blocked_by_a_file_is_named_in_one_line(trained, tmp_path: Path, capsys) -> None:
+    checkpoint = saved_run(trained, tmp_path / "version_0")
+    (tmp_path / "models").write_text("a file where the export folder should be")
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", str(checkpoint), "--output", str(tmp_path / "models" / "v1" / "student")])
+    assert stopped.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert f"--output: cannot write into {tmp_path}/models/v1: {tmp_path}/models is a file" in error
 
 
 def test_a_base_without_class_token_is_refused_for_radio_in_one_line(

@@ -143,3 +143,21 @@ def test_strategies_that_would_break_partitions_are_refused():
     )
     same.place(2, 0)
     same.check_strategy(ModelParallelStrategy())  # stage 3's shape: every rank, same calls
+
+
+def test_resolution_probabilities_and_evaluation_resolution():
+    """C-RADIOv4 report 2.2: per-step draws within a partition with configurable chances;
+    validation at the partition's stated resolution, not silently its first one."""
+    low = Partition(resolutions=[32, 48, 64], probabilities=[0.0, 0.25, 0.75], eval_resolution=48)
+    plan = PartitionPlan({"low": low}, TEACHERS, (64, 64), 16)
+    torch.manual_seed(0)
+    crop = torch.rand(2, 3, 64, 64)
+    drawn = [plan.chunks(crop, train=True)[0].resolution[0] for _ in range(2000)]
+    assert 32 not in drawn and drawn.count(64) / len(drawn) == pytest.approx(0.75, abs=0.03)
+    assert plan.chunks(crop, train=False)[0].resolution == (48, 48)
+    with pytest.raises(ValueError, match="model.partitions.low.probabilities"):
+        PartitionPlan(
+            {"low": Partition(resolutions=[32], probabilities=[0.5, 0.5])}, TEACHERS, (64, 64), 16
+        )
+    with pytest.raises(ValueError, match="model.partitions.low.eval_resolution=40"):
+        PartitionPlan({"low": Partition(eval_resolution=40)}, TEACHERS, (64, 64), 16)

@@ -1,0 +1,143 @@
+"""EMA student and shift-equivariant MESA (C-RADIOv4 report 2.3.2; notes 2.4).
+
+MESA (Du et al., NeurIPS 2022) matches the student to its own exponential moving average;
+C-RADIOv4 gives the EMA student its own shifted view of the crop and compares both on the
+overlap, after a LayerNorm without affine parameters on both sides::
+
+    L_mesa = (1/|Ω|) Σ_{u ∈ Ω} ‖ F_{S→S̃}[LN(x)](u) − LN(x̃)(u) ‖²
+
+``x̃`` receives no gradient. The EMA copy (of the student *and* its adaptor heads, so that an
+exported EMA model is coherent) is updated after every optimizer step with the decay 0.9996
+for the whole run (RADIO #181), lives in the module's state (``ema.student.*``,
+``ema.heads.*``: checkpointed, resumed exactly), and can be exported instead of the raw weights
+(NVlabs' loaders prefer ``state_dict_ema``).
+
+``[choice]`` (the report does not say):
+
+- what ``x`` is: ``"backbone"`` (default: the student's patch tokens), ``"heads"`` (each
+  adaptor's dense output, averaged over teachers) or ``"both"`` (their sum);
+- the EMA view: the student's resolution, its own shift drawn like the student's
+  (:class:`~radio_lit.shifts.PatchShifts`; unshifted when the run has no ``model.shifts``);
+- the EMA runs in eval mode (no CPE jitter, no dropout, no DAMP noise);
+- the weight of the term (``weight``, default 1.0, added to the balanced total).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from radio_lit.losses import MSE
+from radio_lit.shifts import combined_mask, masked_loss, to_crop_frame
+
+__all__ = ["MESA", "EMAStudent", "fill_missing_ema", "mesa_loss"]
+
+MesaTarget = Literal["backbone", "heads", "both"]
+
+
+class MESA:
+    """The EMA student and its MESA term (``model.mesa``).
+
+    Args:
+        decay: EMA decay per optimizer step (RADIO #181: 0.9996 for the whole run).
+        weight: the MESA term's weight in the loss ``[choice]``; 0 keeps the EMA only.
+        applies_to: ``"backbone"``, ``"heads"`` or ``"both"`` ``[choice]`` (module docstring).
+    """
+
+    def __init__(
+        self, decay: float = 0.9996, weight: float = 1.0, applies_to: MesaTarget = "backbone"
+    ) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"model.mesa.init_args.decay must lie in [0, 1), got {decay}")
+        if not weight >= 0.0:
+            raise ValueError(f"model.mesa.init_args.weight must be >= 0, got {weight}")
+        if applies_to not in ("backbone", "heads", "both"):
+            raise ValueError(
+                f"model.mesa.init_args.applies_to={applies_to!r} is not 'backbone', 'heads' "
+                "or 'both'"
+            )
+        self.decay = decay
+        self.weight = weight
+        self.applies_to = applies_to
+
+    def __repr__(self) -> str:
+        return f"MESA(decay={self.decay}, weight={self.weight}, applies_to={self.applies_to!r})"
+
+
+class EMAStudent(nn.Module):
+    """A frozen moving-average copy of the student and its heads (``ema.student``,
+    ``ema.heads``); always in eval mode, never optimized."""
+
+    def __init__(self, student: nn.Module, heads: nn.Module, decay: float) -> None:
+        super().__init__()
+        self.student = copy.deepcopy(student).requires_grad_(False)
+        self.heads = copy.deepcopy(heads).requires_grad_(False)
+        self.decay = decay
+        super().train(False)
+
+    def train(self, mode: bool = True) -> EMAStudent:
+        return super().train(False)
+
+    @torch.no_grad()
+    def update(self, student: nn.Module, heads: nn.Module) -> None:
+        """``ema ← decay · ema + (1 − decay) · live`` for every parameter; buffers (σReparam's
+        power-iteration vectors) are copied."""
+        ema = [*self.student.parameters(), *self.heads.parameters()]
+        live = [*student.parameters(), *heads.parameters()]
+        torch._foreach_lerp_(ema, [p.detach() for p in live], 1.0 - self.decay)
+        for mine, theirs in zip(
+            [*self.student.buffers(), *self.heads.buffers()],
+            [*student.buffers(), *heads.buffers()],
+            strict=True,
+        ):
+            mine.copy_(theirs)
+
+    @torch.no_grad()
+    def reset(self, student: nn.Module, heads: nn.Module) -> None:
+        """Start over from the live weights (e.g. after ``model.init_from``)."""
+        self.student.load_state_dict(student.state_dict())
+        self.heads.load_state_dict(heads.state_dict())
+
+
+def fill_missing_ema(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+) -> None:
+    """A load-state-dict pre-hook: a checkpoint without ``ema.*`` (written before the EMA,
+    or by a run without it) gets the EMA's keys from its own ``student.*`` and ``heads.*``
+    weights, so the EMA starts at the loaded weights."""
+    if any(key.startswith(prefix + "ema.") for key in state_dict):
+        return
+    for key in [k for k in state_dict if k.startswith((prefix + "student.", prefix + "heads."))]:
+        state_dict[prefix + "ema." + key[len(prefix) :]] = state_dict[key]
+
+
+def _layer_norm(x: Tensor) -> Tensor:
+    """LayerNorm over channels without affine parameters, in float32."""
+    return F.layer_norm(x.float(), (x.shape[-1],))
+
+
+def mesa_loss(
+    online: Mapping[str, Tensor],
+    ema: Mapping[str, Tensor],
+    online_shift: Tensor | None,
+    ema_shift: Tensor | None,
+) -> Tensor:
+    """The MESA term between matching maps ``{key: [B, h, w, C]}`` of the online student
+    (with gradient) and of the EMA (no gradient), each from its own view (shifted by
+    ``[B, 2]`` tokens, or ``None``): LN both, move both to the crop frame, MSE on the
+    overlap, averaged over the keys."""
+    terms = []
+    for key, x in online.items():
+        x, seen = _layer_norm(x), None
+        target, seen_ema = _layer_norm(ema[key]).detach(), None
+        if online_shift is not None:
+            x, seen = to_crop_frame(x, online_shift)
+        if ema_shift is not None:
+            target, seen_ema = to_crop_frame(target, ema_shift)
+        terms.append(masked_loss(MSE(), x, target, combined_mask(seen, seen_ema), False))
+    return torch.stack(terms).mean()

@@ -1,0 +1,168 @@
+"""Shift-equivariant views (C-RADIOv4 report 2.3.1): exact geometry, overlap masks, and a
+zero shift that is today's loss bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radio_lit.grid import resample
+from radio_lit.losses import MSE, Cosine
+from radio_lit.shifts import (
+    PatchShifts,
+    masked_loss,
+    resample_mask,
+    shift_view,
+    to_crop_frame,
+)
+from tests.builders import cpu_trainer, image_batches, tiny_module
+
+
+def _ramp(resolution: int, count: int) -> torch.Tensor:
+    """Views ``[count, 3, R, R]`` of one crop whose channels 0/1 are each pixel centre's crop
+    coordinate (row, col in [0, 1]); channel 2 is 0."""
+    centres = (torch.arange(resolution, dtype=torch.float64) + 0.5) / resolution
+    rows, cols = torch.meshgrid(centres, centres, indexing="ij")
+    view = torch.stack([rows, cols, torch.zeros_like(rows)])
+    return view.expand(count, -1, -1, -1).clone()
+
+
+def _tokens(view: torch.Tensor, patch: int) -> torch.Tensor:
+    """A shift-equivariant model: each token is its patch's mean pixel, ``[n, h, w, 3]``."""
+    return F.avg_pool2d(view, patch).permute(0, 2, 3, 1)
+
+
+def test_a_map_shifted_by_k_patches_is_matched_exactly_on_the_overlap():
+    """Same grid, student and teacher each shifted by their own whole patches: back in the
+    crop frame both maps agree exactly where both views saw the crop, and the overlap has the
+    expected size ((4 - |k_s - k_t|) per axis, minus the crop's own borders)."""
+    shifts = torch.tensor([[0, 0], [1, -2], [-1, 1], [2, 2]])
+    teacher_shifts = torch.tensor([[0, 0], [0, 1], [-1, -1], [-2, 0]])
+    crop = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    student, seen_s = to_crop_frame(_tokens(shift_view(crop, shifts, 16, (0.5,) * 3), 16), shifts)
+    teacher_view = shift_view(crop, teacher_shifts, 16, (0.5,) * 3)
+    teacher, seen_t = to_crop_frame(_tokens(teacher_view, 16), teacher_shifts)
+    overlap = seen_s & seen_t
+    assert torch.equal(student[overlap], teacher[overlap])
+    assert torch.equal(student[overlap], _tokens(crop, 16)[overlap])  # the crop's own tokens
+    expected = [
+        (4 - max(abs(a), abs(b)) if a * b >= 0 else 4 - abs(a) - abs(b))
+        for a, b in zip(shifts.flatten().tolist(), teacher_shifts.flatten().tolist(), strict=True)
+    ]
+    sides = torch.tensor(expected).reshape(4, 2)
+    assert overlap.flatten(1).sum(1).tolist() == (sides[:, 0] * sides[:, 1]).tolist()
+    # A shifted view shows crop pixel v + k * patch at pixel v; what lies outside is the fill.
+    view = shift_view(crop, torch.tensor([[1, 0]] * 4), 16, (0.5, 0.5, 0.5))
+    assert torch.equal(view[:, :, :48], crop[:, :, 16:]) and (view[:, :, 48:] == 0.5).all()
+
+
+@pytest.mark.parametrize(
+    ("student_res", "student_patch", "teacher_res", "teacher_patch"),
+    [(128, 16, 56, 14), (64, 16, 112, 14), (192, 16, 64, 16)],
+)
+def test_token_centres_map_to_token_centres_across_grids(
+    student_res, student_patch, teacher_res, teacher_patch
+):
+    """Different grids (SAM3's 14 px patches against the student's 16): a student whose
+    tokens report their crop coordinate, moved to the crop frame and resampled onto the
+    teacher's grid, gives each valid interior teacher token its own centre (no k/N offset,
+    which a grid from crop edges with align_corners=True would add)."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        s_shift = torch.randint(-2, 3, (2, 2), generator=generator)
+        t_shift = torch.randint(-2, 3, (2, 2), generator=generator)
+        student_view = shift_view(_ramp(student_res, 2), s_shift, student_patch, (0, 0, 0))
+        teacher_view = shift_view(_ramp(teacher_res, 2), t_shift, teacher_patch, (0, 0, 0))
+        student, seen_s = to_crop_frame(_tokens(student_view, student_patch), s_shift)
+        teacher, seen_t = to_crop_frame(_tokens(teacher_view, teacher_patch), t_shift)
+        grid = teacher.shape[1:3]
+        pred = resample(student, grid)
+        valid = resample_mask(seen_s, grid) & seen_t
+        interior = valid.clone()  # away from the map's outer border (clamped interpolation)
+        interior[:, [0, -1]] = False
+        interior[:, :, [0, -1]] = False
+        assert interior.any()
+        torch.testing.assert_close(pred[interior][:, :2], teacher[interior][:, :2])
+        assert torch.equal(
+            teacher[seen_t][:, :2], _tokens(_ramp(teacher_res, 2), teacher_patch)[seen_t][:, :2]
+        )
+
+
+def test_a_shifted_student_predicts_what_the_unshifted_one_does_on_the_overlap():
+    """Shrinking by a non-integer factor (6x6 -> 4x4, antialiased as without shifts): the
+    shifted student's prediction on the overlap is the unshifted student's, exactly."""
+    crop = torch.rand(3, 3, 96, 96, generator=torch.Generator().manual_seed(4))
+    shift = torch.tensor([[1, 0], [-1, 2], [0, 0]])
+    unshifted = resample(_tokens(crop, 16), (4, 4))
+    moved, seen = to_crop_frame(_tokens(shift_view(crop, shift, 16, (0.5,) * 3), 16), shift)
+    valid = resample_mask(seen, (4, 4))
+    assert valid.any() and not valid[:2].all() and valid[2].all()
+    assert torch.equal(resample(moved, (4, 4))[valid], unshifted[valid])
+
+
+def test_masked_loss_averages_over_the_overlap_only():
+    generator = torch.Generator().manual_seed(2)
+    pred = torch.randn(2, 3, 3, 4, generator=generator, requires_grad=True)
+    target = torch.randn(2, 3, 3, 4, generator=generator)
+    valid = torch.ones(2, 3, 3, dtype=torch.bool)
+    for loss in (MSE(), Cosine()):  # an all-valid mask is the plain loss, bit for bit
+        assert torch.equal(masked_loss(loss, pred, target, valid, False), loss(pred, target))
+        assert torch.equal(masked_loss(loss, pred, target, valid, True), loss(pred, target, True))
+    valid[0, 0] = False
+    valid[1, :, 2] = False
+    value = masked_loss(MSE(), pred, target, valid, False)
+    manual = (pred - target)[valid].square().mean()
+    torch.testing.assert_close(value, manual)
+    per_image = masked_loss(MSE(), pred, target, valid, True)
+    torch.testing.assert_close(per_image[0], (pred - target)[0][valid[0]].square().mean())
+    value.backward()
+    assert (pred.grad[~valid] == 0).all() and (pred.grad[valid] != 0).all()
+
+
+def test_shift_distributions():
+    torch.manual_seed(3)
+    draws = PatchShifts().draw(20000)
+    share_zero = (draws == 0).float().mean().item()  # P(|N(0, 0.5)| < 0.5) = 0.683 per axis
+    assert share_zero == pytest.approx(0.683, abs=0.015)
+    assert draws.abs().max() <= 2
+    state = torch.get_rng_state()
+    assert PatchShifts(std=0.0).draw(5).abs().sum() == 0
+    assert torch.equal(state, torch.get_rng_state())  # std 0 draws nothing
+    uniform = PatchShifts("uniform", max_shift=3).draw(5000)
+    assert set(uniform.flatten().tolist()) == set(range(-3, 4))
+    with pytest.raises(ValueError, match="model.shifts.init_args.distribution"):
+        PatchShifts("laplace")
+
+
+def _fit(tmp_path, **overrides) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    module = tiny_module(**overrides)
+    cpu_trainer(tmp_path, max_steps=2).fit(module, image_batches())
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def test_zero_shift_is_todays_training_bit_for_bit(tmp_path):
+    """Two steps (CLIP, DINOv2 and a SAM canvas teacher) with shifts of 0 end with the
+    weights of the unshifted run, exactly; real shifts change them."""
+    plain = _fit(tmp_path / "plain")
+    zero = _fit(tmp_path / "zero", shifts=PatchShifts(std=0.0))
+    assert plain.keys() == zero.keys()
+    assert all(torch.equal(plain[k], zero[k]) for k in plain)
+    shifted = _fit(tmp_path / "shifted", shifts=PatchShifts("uniform", max_shift=1))
+    assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
+    assert not torch.equal(
+        plain["student.patch_embed.proj.weight"],
+        shifted["student.patch_embed.proj.weight"],
+    )
+
+
+@pytest.mark.parametrize("policy", ["student", "larger"])
+def test_shifts_work_with_every_grid_policy(tmp_path, policy):
+    """Teacher maps resampled to the loss grid carry their overlap mask along: a zero shift
+    is still the unshifted run, and real shifts train."""
+    plain = _fit(tmp_path / "plain", grid_policy=policy)
+    zero = _fit(tmp_path / "zero", grid_policy=policy, shifts=PatchShifts(std=0.0))
+    assert all(torch.equal(plain[k], zero[k]) for k in plain)
+    shifted = _fit(tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform"))
+    assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
