@@ -110,13 +110,13 @@ def check_allocation(trainer: Mapping[str, Any]) -> None:
 
 
 def worker_ignores_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a worker ignores the stop signals.
+    """DataLoader ``worker_init_fn``: a worker ignores SLURM's warning signal and Ctrl-C.
 
-    SLURM signals every process of a job step, DataLoader workers included, and Ctrl-C reaches
-    the whole foreground process group: a worker that died of the signal (or ran the signal
-    handler it inherited from the main process) would fail the step that the main process is
-    finishing before it saves. The main process ends its workers itself
-    (:class:`radio_lit.callbacks.Preemption`).
+    SLURM signals every process of a job step, DataLoader workers included (``USR1`` would
+    kill a worker by default), and Ctrl-C reaches the whole foreground process group: a worker
+    that died of the signal would fail the step that the main process is finishing before it
+    saves (:class:`radio_lit.callbacks.Preemption`). SIGTERM keeps its default: the main
+    process ends its workers with it when it shuts them down.
     """
-    for signum in STOP_SIGNALS:
+    for signum in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)

@@ -147,18 +147,20 @@ class Preemption(Callback):
         run_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
         if trainer.is_global_zero:
             job = slurm_job_id()
-            refused = requeue(job) if job is not None else None
             lines = [
                 f"radio-lit: {signal.Signals(self.stopping).name} received: every rank stopped "
                 f"after {trainer.global_step} steps",
                 f"run folder: {run_dir or self.checkpoint.parent}",
                 f"checkpoint: {self.checkpoint}",
             ]
-            if job is not None and refused is None:
-                lines.append(f"SLURM job {job} requeued: it resumes from this checkpoint")
-            else:
+            if job is not None:  # said first: requeueing ends every process of the job
+                print("\n".join(lines), file=sys.stderr, flush=True)
+                lines = [f"SLURM job {job} requeued: it resumes from this checkpoint"]
+                refused = requeue(job)
                 if refused is not None:
-                    lines.append(f"SLURM did not requeue job {job}: {refused}")
+                    lines = [f"SLURM did not requeue job {job}: {refused}"]
+                    lines.append(f"resume with: {self._resume_command()}")
+            else:
                 lines.append(f"resume with: {self._resume_command()}")
             print("\n".join(lines), file=sys.stderr, flush=True)
         trainer.strategy.barrier("preemption")

@@ -153,7 +153,7 @@ def test_a_preempted_job_requeues_resumes_and_ends_as_the_uninterrupted_one(slur
     job, folder = jobs["preempted"]
     output = _output(folder, job)
     assert int(slurm.job(job)["Restarts"]) == 1, output
-    assert f"SLURM job {job} requeued" in output
+    assert "radio-lit: SIGUSR1 received: every rank stopped after" in output
     run = _run_folder(folder, job).relative_to(folder)
     assert f"Restored all states from the checkpoint at {run}/checkpoints/last-preempted.ckpt" in (
         output
