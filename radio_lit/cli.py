@@ -18,21 +18,27 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
+from radio_lit.cluster import check_allocation, under_slurm
 from radio_lit.command_list import overview
 from radio_lit.errors import (
     ConfigError,
+    Preempted,
     RadioLitError,
     checkpoint_file,
     checkpoint_mismatch,
     config_error,
+    lost_rank,
     report,
     short_message,
     with_suggestions,
@@ -40,6 +46,7 @@ from radio_lit.errors import (
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
 from radio_lit.overlays import overlay_error
+from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -67,6 +74,8 @@ class RadioLitCLI(LightningCLI):
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         strict = {"exit_on_error": False, "allow_abbrev": False}
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in self.subcommands()}})
+        given = kwargs.get("args")
+        self.command_line = [str(a) for a in (sys.argv[1:] if given is None else given)]
         # Whether the Hub answers is found out while the arguments are parsed.
         self.hub = HubProbe().start()
         super().__init__(
@@ -109,6 +118,8 @@ class RadioLitCLI(LightningCLI):
         (``data: radio_lit.cache.CachedViews``) builds :class:`~radio_lit.cache.CachedTeacher`
         in place of its teachers; its saved ``config.yaml`` keeps them as given."""
         self.hub.settle()
+        if self.subcommand in ("fit", "validate", "test"):
+            check_allocation(self.config[self.subcommand].get("trainer") or {})
         self.given_config = self.config
         self.config = _with_cached_teachers(self.config, self.subcommand)
         try:
@@ -129,14 +140,22 @@ class RadioLitCLI(LightningCLI):
             self.config = self.given_config
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, with :class:`ScheduleCheck` for ``fit``, and :class:`LineProgress` in
-        place of the TQDM bar when standard output is not a terminal."""
+        """The trainer, with :class:`ScheduleCheck` and :class:`Preemption` for ``fit``, and
+        :class:`LineProgress` in place of the TQDM bar when standard output is not a terminal.
+        Under SLURM, Lightning's own signal handling is off (:class:`Preemption` does it)."""
         self.config = self.given_config  # what SaveConfigCallback writes
+        config = self._get(self.config_init, "trainer", default={}) or {}
+        given = config.get("callbacks") or []
         added: list[Any] = []
         if self.subcommand == "fit":
             added.append(ScheduleCheck())
-        config = self._get(self.config_init, "trainer", default={}) or {}
-        given = config.get("callbacks") or []
+            preemption = next((c for c in _as_list(given) if isinstance(c, Preemption)), None)
+            if preemption is None:
+                preemption = Preemption()
+                added.append(preemption)
+            preemption.command = ["radio-lit", *self.command_line]
+        if under_slurm():
+            kwargs["plugins"] = _without_slurm_requeue(config.get("plugins"))
         wants_bar = config.get("enable_progress_bar", True) is not False
         if wants_bar and not sys.stdout.isatty() and not _has_progress_bar(given):
             added.append(LineProgress())
@@ -147,7 +166,12 @@ class RadioLitCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; a user error stopping it removes the run folder it created
-        (when no checkpoint was written there), so that no empty ``version_N`` is left."""
+        (when no checkpoint was written there), so that no empty ``version_N`` is left. A
+        ``fit`` goes on in the folder of the run it resumes (:func:`radio_lit.runs.prepare_fit`)."""
+        if subcommand == "fit":
+            section = self.config_init[subcommand]
+            section["ckpt_path"] = prepare_fit(self.trainer, section.get("ckpt_path"))
+        name_run(self.trainer, subcommand, self.command_line)
         run_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
         existed = run_dir is not None and run_dir.exists()
         try:
@@ -170,6 +194,9 @@ class RadioLitCLI(LightningCLI):
                 f"data.init_args.val_dir: radio-lit {command} reads the held-out images of "
                 "val_dir, which is not set; give --data.init_args.val_dir FOLDER"
             )
+
+    def before_fit(self) -> None:
+        check_checkpoint_dir(self.trainer, self.model)
 
     def before_validate(self) -> None:
         self._require_val_dir("validate")
@@ -234,9 +261,23 @@ def _parsers(parser: ArgumentParser) -> Iterator[ArgumentParser]:
         yield from _parsers(sub)
 
 
+def _as_list(items: Any) -> list[Any]:
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
 def _has_progress_bar(callbacks: Any) -> bool:
-    items = callbacks if isinstance(callbacks, list) else [callbacks]
-    return any(isinstance(c, ProgressBar) for c in items)
+    return any(isinstance(c, ProgressBar) for c in _as_list(callbacks))
+
+
+def _without_slurm_requeue(plugins: Any) -> list[Any]:
+    """``trainer.plugins`` with a :class:`SLURMEnvironment` whose ``auto_requeue`` is off, so
+    that Lightning never saves a checkpoint from inside its signal handler (Lightning issue
+    #21406); :class:`~radio_lit.callbacks.Preemption` saves and requeues instead."""
+    items = [p for p in _as_list(plugins) if p is not None]
+    slurm = [p for p in items if isinstance(p, SLURMEnvironment)]
+    for environment in slurm:
+        environment.auto_requeue = False
+    return items if slurm else [*items, SLURMEnvironment(auto_requeue=False)]
 
 
 #: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test: name ->
@@ -289,12 +330,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         except MisconfigurationException as error:  # Lightning: callbacks and trainer disagree
             raise ConfigError(f"trainer: {short_message(error)}") from error
         except RuntimeError as error:
-            mismatch = checkpoint_mismatch(error)
-            if mismatch is None:
+            known = checkpoint_mismatch(error) or _lost_rank(error)
+            if known is None:
                 raise
-            raise mismatch from error
+            raise known from error
+        finally:
+            _leave_process_group()
+    except Preempted as stop:  # Preemption said where the run is and how it goes on
+        sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
+
+
+def _lost_rank(error: RuntimeError) -> RadioLitError | None:
+    """``error`` as one line when a collective failed because another rank is gone."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return lost_rank(error, dist.get_rank(), dist.get_world_size())
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group Lightning left initialized: a gloo group still alive when the
+    interpreter exits aborts the process (``terminate called without an active exception``,
+    SIGABRT), which torchrun and srun report as a failed run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import difflib
 import importlib
 import os
 import re
+import signal
 import sys
 import traceback
 import zipfile
@@ -45,6 +46,17 @@ class TrainingStopped(RadioLitError):
     """A run stopped on purpose (e.g. a non-finite loss), with the reason."""
 
     exit_code = 1
+
+
+class Preempted(RadioLitError):
+    """A run stopped by a signal at a step boundary, after every rank took part in saving a
+    checkpoint (:class:`radio_lit.callbacks.Preemption`, which has said where it is and how the
+    run goes on). The exit code is the shell's for the signal (128 + its number: 143 for
+    SIGTERM, 130 for Ctrl-C), so that a chained ``radio-lit fit … && next-stage`` stops."""
+
+    def __init__(self, signum: int) -> None:
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
 def config_error(error: BaseException, config: Mapping[str, Any] | None) -> ConfigError:
@@ -102,14 +114,18 @@ def short_message(error: BaseException) -> str:
 def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
     """``path`` checked as a readable training checkpoint, else a :class:`ConfigError`.
 
-    A missing file, a folder, or a file that is not a ``torch.save`` archive (truncated,
-    random bytes) is refused before anything is built, with the option that gave it.
+    A missing file, a folder (other than a sharded checkpoint: ``torch.distributed.checkpoint``
+    shards with their ``.metadata``), or a file that is not a ``torch.save`` archive
+    (truncated, random bytes) is refused before anything is built, with the option that gave
+    it.
 
     Args:
         path: the checkpoint file.
         option: the command-line option or config key that named it, e.g. ``"--ckpt_path"``.
     """
     file = Path(path).expanduser()
+    if file.is_dir() and (file / ".metadata").is_file():  # a sharded checkpoint folder
+        return file
     if not file.is_file():
         raise ConfigError(
             f"{option}: checkpoint {file} does not exist; give a .ckpt written by radio-lit fit "
@@ -226,6 +242,32 @@ def checkpoint_mismatch(error: BaseException) -> ConfigError | None:
     return ConfigError(
         f"--ckpt_path: the checkpoint does not fit the configured model: {reason[:400]} "
         "(resume with the config of the run that wrote it)"
+    )
+
+
+#: What gloo and NCCL say when another rank of the group is gone.
+_PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "ncclRemoteError",
+)
+
+
+def lost_rank(error: BaseException, rank: int, world_size: int) -> TrainingStopped | None:
+    """A collective that failed because another rank died (killed, out of memory, its node
+    lost), as one line for rank ``rank``; ``None`` for other errors. The launcher names the
+    rank that died (``srun --kill-on-bad-exit=1``: ``task N: Killed``; torchrun: its root
+    cause table)."""
+    text = str(error)
+    if not isinstance(error, RuntimeError) or not any(m in text for m in _PEER_LOST):
+        return None
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]).split(". This is")[0]
+    return TrainingStopped(
+        f"rank {rank} of {world_size}: another rank of this run stopped ({reason[:200]}); "
+        "the launcher's log names it (srun: 'task N', torchrun: 'Root Cause'); resume from "
+        "the run's last checkpoint with --ckpt_path"
     )
 
 

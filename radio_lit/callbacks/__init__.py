@@ -1,8 +1,9 @@
 """Training callbacks: teacher statistics estimation, trunk freezing, non-finite guard,
-throughput."""
+throughput, preemption."""
 
 from radio_lit.callbacks.freeze import FreezeBody
 from radio_lit.callbacks.guard import NonFiniteGuard
+from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.random_states import RandomStates
 from radio_lit.callbacks.skipped_data import SkippedData
 from radio_lit.callbacks.statistics import TeacherStatsEstimation
@@ -12,6 +13,7 @@ __all__ = [
     "FreezeBody",
     "ImagesPerSecond",
     "NonFiniteGuard",
+    "Preemption",
     "RandomStates",
     "SkippedData",
     "TeacherStatsEstimation",

@@ -23,6 +23,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 
+from radio_lit.cluster import worker_ignores_stop_signals
 from radio_lit.data.image_folder import ImageFolderDataset, list_images
 from radio_lit.data.resumable import ResumableDataLoader, SeededItems, SeededSampler
 from radio_lit.data.shards import ImageShards, existing_shard_urls
@@ -123,6 +124,8 @@ class ImageDataModule(LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
+            # the main process saves and ends its workers on a stop signal (Preemption)
+            worker_init_fn=worker_ignores_stop_signals if self.num_workers > 0 else None,
         )
         if self.collate is not None:
             options["collate_fn"] = self.collate

@@ -54,8 +54,9 @@ class ResumableDataLoader(StatefulDataLoader):
 
     A checkpoint written after the last batch of an epoch holds a snapshot at the end of
     that epoch; ``StatefulDataLoader`` would resume it as an epoch with no batch left, one
-    epoch behind Lightning's count. For a map-style dataset such a snapshot is dropped (the
-    next epoch starts from its beginning, in the order ``set_epoch`` gives it); an iterable
+    epoch behind Lightning's count. For a map-style dataset such a snapshot is dropped and the
+    sampler moved to the next epoch (which starts from its beginning, in that epoch's order:
+    Lightning creates the iterator before it calls ``set_epoch``); an iterable
     dataset keeps its state (its epoch count is in it) and its empty remainder is run
     through before the next epoch is handed out.
     """
@@ -67,6 +68,11 @@ class ResumableDataLoader(StatefulDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         complete = batches_yielded(state_dict) >= len(self)
         if complete and not isinstance(self.dataset, IterableDataset):
+            # Lightning creates the resumed run's iterator before its set_epoch: the sampler
+            # must already be at the next epoch, or that epoch would get the first one's order
+            epoch = sampler_epoch(state_dict)
+            if epoch is not None and hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(epoch + 1)
             return
         self._finish_resumed_epoch = complete
         super().load_state_dict(state_dict)
@@ -77,6 +83,14 @@ class ResumableDataLoader(StatefulDataLoader):
             for _ in super().__iter__():
                 raise RuntimeError("a data loader state saved at an epoch end yielded more data")
         return super().__iter__()
+
+
+def sampler_epoch(state_dict: dict[str, Any]) -> int | None:
+    """The epoch a ``StatefulDataLoader`` state's :class:`SeededSampler` was in, if it has one
+    (0 or more workers)."""
+    main = state_dict.get("_snapshot", {}).get("_main_snapshot", state_dict)
+    sampler = (main.get("_sampler_iter_state") or {}).get("sampler_state") or {}
+    return int(sampler["epoch"]) if "epoch" in sampler else None
 
 
 def batches_yielded(state_dict: dict[str, Any]) -> int:

@@ -40,6 +40,7 @@ from radio_lit.evaluation.resolution import ModeSwitching, ScaleEquivariance
 from radio_lit.evaluation.token_merging import TokenMerging
 from radio_lit.evaluation.view import ModelView, evaluation_mode, module_view
 from radio_lit.evaluation.zero_shot import ZeroShotClassification
+from radio_lit.export.checkpoint import read_training_checkpoint
 
 #: Top-level keys of a run's config.yaml that describe the model, data and trainer (the
 #: others, such as ``ckpt_path``, are arguments of the ``fit`` call).
@@ -187,7 +188,7 @@ def _callbacks(argv: list[str]) -> list[Any]:
 
 def _checkpoint_view(cli: Any, ckpt_path: str, device: torch.device) -> tuple[ModelView, int, Any]:
     module = cli.model
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    state = read_training_checkpoint(ckpt_path)
     module.load_state_dict(state["state_dict"])
     module.to(device)
     return module_view(module), int(state.get("global_step", 0)), module

@@ -69,13 +69,13 @@ def student_weights(
         FileNotFoundError, ValueError: one line naming the file and what to pass instead.
     """
     path = Path(checkpoint)
-    if not path.is_file():
+    if not is_checkpoint(path):
         raise FileNotFoundError(
             f"model.init_from: checkpoint {path} does not exist; point it at the previous "
             "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_training_checkpoint(path)
     except Exception as error:  # truncated, not a checkpoint, or pickled objects
         raise ValueError(
             f"model.init_from: {path} cannot be read as a checkpoint "
@@ -99,6 +99,31 @@ def student_weights(
     if new:
         log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
     return weights, new
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint folder: what Lightning's
+    ``ModelParallelStrategy(save_distributed_checkpoint=True)`` writes in place of a ``.ckpt``
+    file (``torch.distributed.checkpoint`` shards ``__<rank>_0.distcp`` with their
+    ``.metadata``, and ``meta.pt`` with the loops', callbacks' and schedulers' state)."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a ``.ckpt`` file or a sharded checkpoint folder."""
+    return path.is_file() or is_sharded_checkpoint(path)
+
+
+def read_training_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A ``radio-lit fit`` checkpoint as one dict (``state_dict``, ``global_step``, …): a
+    ``.ckpt`` file (tensors only, ``weights_only=True``), or a sharded checkpoint folder
+    consolidated in CPU memory (Lightning's reader of distributed checkpoints)."""
+    path = Path(path)
+    if is_sharded_checkpoint(path):
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+        return _load_distributed_checkpoint(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def run_config(checkpoint: Path) -> Path:
@@ -151,11 +176,11 @@ def checkpoint_inference_model(
             2.3.2) instead of the raw weights, as NVlabs' loaders prefer ``state_dict_ema``.
     """
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
+    if not is_checkpoint(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     config = Path(config) if config is not None else run_config(checkpoint)
     options, teacher_configs = _model_options(config)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state = read_training_checkpoint(checkpoint)
     state = state.get("state_dict", state)
     if ema:
         averaged = _strip(state, "ema.")

@@ -94,7 +94,9 @@ def model_file(path: str | Path, option: str | None = None) -> Path:
     missing path, another folder, named with the model files in it) raises
     ``FileNotFoundError`` prefixed with ``option``."""
     path = Path(path).expanduser()
-    if path.is_file() or (path / CONFIG_NAME).is_file():
+    if path.is_file() or (path / CONFIG_NAME).is_file():  # a file, or a Hugging Face folder
+        return path
+    if (path / ".metadata").is_file():  # the folder of a sharded .ckpt
         return path
     if not path.exists() and HUB_ID.fullmatch(str(path)):
         return path
@@ -160,24 +162,25 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
 
     Args:
         path: ``<stem>.safetensors`` (with ``<stem>.json`` beside it), a RADIO-format
-            ``.pth`` from ``radio-lit export``, a training ``.ckpt`` (exported on the fly), a
-            folder from ``radio-lit export --format hf``, or the Hub id of such a folder
-            (``owner/name``, downloaded with ``huggingface_hub`` into its cache).
+            ``.pth`` from ``radio-lit export``, a training ``.ckpt`` (exported on the fly; a
+            file, or the folder of a sharded checkpoint), a folder from ``radio-lit export
+            --format hf``, or the Hub id of such a folder (``owner/name``, downloaded with
+            ``huggingface_hub`` into its cache).
         pad: accept any resolution, zero-padding the normalized image to a multiple of the
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
     """
     path = model_file(path)
-    if path.is_dir():
-        return read_hf(path, pad=pad)
-    if not path.exists():
-        return read_hf(hub_snapshot(str(path)), pad=pad)
-    if path.suffix == ".ckpt":
+    if path.suffix == ".ckpt" or (path / ".metadata").is_file():  # a file or sharded folder
         from radio_lit.export.checkpoint import checkpoint_inference_model
 
         model = checkpoint_inference_model(path, config)
         model.pad = pad
         return model
+    if path.is_dir():
+        return read_hf(path, pad=pad)
+    if not path.exists():
+        return read_hf(hub_snapshot(str(path)), pad=pad)
     if path.suffix == ".safetensors":
         settings, state = read_safetensors(path)
     elif path.suffix in RADIO_SUFFIXES:

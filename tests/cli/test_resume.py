@@ -16,6 +16,7 @@ windows across the resume, and epoch boundaries in between.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -193,3 +194,32 @@ def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupte
     (error,) = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
     assert "--ckpt_path" in error
     assert "set model.student.init_args.spectral_reparam_version: 1" in error
+
+
+@pytest.mark.slow
+def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
+    uninterrupted, tmp_path
+):
+    """``kill -TERM`` (a scheduler's stop) in the middle of step 3's forward, the last of an
+    epoch: the run saves after that step (the next run starts a new epoch), names its folder
+    and the command that resumes, and exits 143 (so that ``fit && next`` stops); the printed
+    command ends as the uninterrupted run does."""
+    config = yaml.safe_load(write_config(tmp_path).read_text())
+    config["trainer"]["callbacks"].append(
+        {
+            "class_path": "tests.cluster.signals.SignalAt",
+            "init_args": {"rank": 0, "step": 3, "signum": int(signal.SIGTERM)},
+        }
+    )
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    stopped = forking.run("radio_lit.cli:main", [argv(tmp_path / "run.yaml")], tmp_path / "term")
+    assert stopped.exitcode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    assert "Traceback" not in stopped.stderr
+    (command,) = [x for x in stopped.stderr.splitlines() if x.startswith("resume with: ")]
+    args = shlex.split(command.removeprefix("resume with: "))
+    checkpoint = tmp_path / "checkpoints" / "last-preempted.ckpt"
+    assert args[0] == "radio-lit" and args[-2:] == ["--ckpt_path", str(checkpoint)]
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 4  # 2 batches an epoch
+    resumed = forking.run("radio_lit.cli:main", [args[1:]], tmp_path / "resumed", 600)
+    assert resumed.exitcode == 0, resumed.stderr[-4000:]
+    assert_same_run(torch.load(tmp_path / "checkpoints" / "last.ckpt"), uninterrupted)

@@ -1,0 +1,179 @@
+"""Preemption: stop every rank at one step boundary on a stop signal, save, requeue under SLURM.
+
+SLURM warns a job before its time limit or a preemption with a signal (``--signal=USR1@120``)
+and ends it with SIGTERM; Kubernetes sends SIGTERM; a user presses Ctrl-C (SIGINT). Saving a
+checkpoint *inside* a signal handler (Lightning's SLURM auto-requeue) can hang a multi-process
+run: the handler runs wherever the signal lands, and the save's collectives (the random states
+of every rank, a sharded state dict) meet another rank that sits in DDP's gradient all-reduce,
+where no Python handler can run (Lightning issue #21406). So here the handler only records the
+signal; after every ``check_every_n_steps``-th training batch, all ranks agree with one small
+all-reduce (the largest signal number any rank received), so that a signal that reached one rank
+only, or the ranks at different steps, stops them all after the same step. Every rank then takes
+part in :meth:`~lightning.pytorch.Trainer.save_checkpoint` (``last-preempted.ckpt`` in the run's
+checkpoint folder, written where :class:`~lightning.pytorch.callbacks.ModelCheckpoint` writes,
+so it resumes exactly as that callback's checkpoints do), the step's logs are written, and the
+run stops before the next batch with :class:`~radio_lit.errors.Preempted`. Under SLURM, rank 0
+first requeues the job (``scontrol requeue``); the requeued job resumes from the newest
+checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C interrupts at once.
+
+``radio-lit fit`` adds this callback itself and turns Lightning's SLURM signal handling off
+(``SLURMEnvironment(auto_requeue=False)``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.distributed import ReduceOp
+
+from radio_lit.cluster import STOP_SIGNALS, requeue, slurm_job_id
+from radio_lit.errors import Preempted
+
+#: File name of the checkpoint written on a stop signal (Lightning's ``ckpt_path="last"``
+#: finds it too).
+CHECKPOINT_NAME = "last-preempted.ckpt"
+
+
+def checkpoint_dir(trainer: pl.Trainer) -> Path:
+    """The folder where the run's :class:`ModelCheckpoint` writes: its ``dirpath``, or, as
+    Lightning resolves it, ``<save_dir>/<name>/<version>/checkpoints`` of the first logger,
+    or ``<default_root_dir>/checkpoints`` without one. Valid before ``fit`` starts."""
+    callback = trainer.checkpoint_callback
+    dirpath = getattr(callback, "dirpath", None)
+    if dirpath:
+        return Path(dirpath)
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        version = logger.version
+        version = version if isinstance(version, str) else f"version_{version}"
+        return Path(save_dir, str(logger.name), version, "checkpoints")
+    return Path(trainer.default_root_dir, "checkpoints")
+
+
+class Preemption(Callback):
+    """Stop all ranks at one step boundary on SIGUSR1, SIGTERM or SIGINT; save; requeue.
+
+    Args:
+        check_every_n_steps: the ranks agree on whether to stop after every this many training
+            batches (one all-reduce of one integer, and a host sync, each time). ``[choice]``
+            1: the step's cost is negligible against a training step, and a signal is acted on
+            after the step that was running.
+    """
+
+    def __init__(self, check_every_n_steps: int = 1) -> None:
+        super().__init__()
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self.received = 0  # the last stop signal this process received (0: none)
+        self.stopping = 0  # the signal all ranks agreed to stop on (0: none)
+        self.checkpoint: Path | None = None
+        #: the command line that started the run (``radio-lit fit`` sets it), for the message
+        self.command: list[str] | None = None
+        self._batches = 0
+        self._previous: dict[int, Any] = {}
+
+    # -- signal handling: record only ------------------------------------------------------
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+            signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.SIG_DFL))
+
+    def _install(self) -> None:
+        for signum in STOP_SIGNALS:
+            previous = signal.signal(signum, self._record)
+            if previous is not self._record:
+                self._previous.setdefault(signum, previous)
+
+    def _uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Record signals from here on (one that arrives while the run is set up is acted on
+        after the first step)."""
+        if stage == "fit":
+            self._install()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Take the signals back from the handlers Lightning registered when training started
+        (its SIGTERM handler broadcasts from inside the handler)."""
+        self._install()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._uninstall()
+
+    # -- at step boundaries ----------------------------------------------------------------
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Every rank: agree on the signal; if one came, every rank takes part in the save."""
+        self._batches += 1
+        if self.stopping or self._batches % self.check_every_n_steps:
+            return
+        flag = torch.tensor(self.received, device=trainer.strategy.root_device)
+        self.stopping = int(trainer.strategy.reduce(flag, reduce_op=ReduceOp.MAX).item())
+        if not self.stopping:
+            return
+        self.checkpoint = checkpoint_dir(trainer) / CHECKPOINT_NAME
+        trainer.save_checkpoint(self.checkpoint)  # a collective save: every rank calls it
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Stop before the batch after the saved step (its logs and validation are written):
+        under SLURM rank 0 requeues the job; rank 0 says where the run is and how it goes on;
+        then every rank raises :class:`~radio_lit.errors.Preempted` together (a rank that
+        exited early would make ``srun --kill-on-bad-exit`` end rank 0 mid-requeue)."""
+        if not self.stopping or self.checkpoint is None:
+            return
+        run_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
+        if trainer.is_global_zero:
+            job = slurm_job_id()
+            lines = [
+                f"radio-lit: {signal.Signals(self.stopping).name} received: every rank stopped "
+                f"after {trainer.global_step} steps",
+                f"run folder: {run_dir or self.checkpoint.parent}",
+                f"checkpoint: {self.checkpoint}",
+            ]
+            if job is not None:  # said first: requeueing ends every process of the job
+                print("\n".join(lines), file=sys.stderr, flush=True)
+                lines = [f"SLURM job {job} requeued: it resumes from this checkpoint"]
+                refused = requeue(job)
+                if refused is not None:
+                    lines = [f"SLURM did not requeue job {job}: {refused}"]
+                    lines.append(f"resume with: {self._resume_command()}")
+            else:
+                lines.append(f"resume with: {self._resume_command()}")
+            print("\n".join(lines), file=sys.stderr, flush=True)
+        trainer.strategy.barrier("preemption")
+        raise Preempted(self.stopping)
+
+    def _resume_command(self) -> str:
+        """:attr:`command` with ``--ckpt_path`` set to the checkpoint just written."""
+        if self.command is None:
+            return f"the same command with --ckpt_path {self.checkpoint}"
+        args = self.command
+        kept = [
+            a
+            for i, a in enumerate(args)
+            if not (a.startswith("--ckpt_path") or (i > 0 and args[i - 1] == "--ckpt_path"))
+        ]
+        return shlex.join([*kept, "--ckpt_path", str(self.checkpoint)])

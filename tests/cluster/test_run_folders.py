@@ -1,0 +1,69 @@
+"""Which folder a run writes into: a continued run keeps its folder (TensorBoard hides the steps
+logged after the checkpoint), a variant of a config is named for what differs from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from radio_lit.runs import name_run, prepare_fit, what_differs
+
+
+def _trainer(save_dir: Path, name: str = "quickstart") -> Trainer:
+    logger = TensorBoardLogger(save_dir=str(save_dir), name=name)
+    return Trainer(logger=logger, accelerator="cpu", devices=1, enable_progress_bar=False)
+
+
+def _checkpoint(run: Path, step: int) -> Path:
+    path = run / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save({"global_step": step}, path)
+    return path
+
+
+def test_ckpt_path_into_a_run_continues_its_folder_and_hides_the_later_steps(tmp_path):
+    ckpt = _checkpoint(tmp_path / "quickstart" / "version_3", step=40)
+    (tmp_path / "quickstart" / "version_4").mkdir()  # a later run: Lightning would pick 5
+    trainer = _trainer(tmp_path)
+    assert prepare_fit(trainer, str(ckpt)) == str(ckpt)
+    assert trainer.logger.log_dir == str(tmp_path / "quickstart" / "version_3")
+    assert trainer.logger._kwargs["purge_step"] == 40  # SummaryWriter(purge_step=40)
+
+
+def test_a_checkpoint_of_another_run_name_starts_a_new_folder(tmp_path):
+    ckpt = _checkpoint(tmp_path / "stage1" / "version_0", step=40)
+    trainer = _trainer(tmp_path, name="stage2")
+    prepare_fit(trainer, str(ckpt))
+    assert trainer.logger.version == 0
+    assert "purge_step" not in trainer.logger._kwargs
+
+
+def test_a_variant_of_a_config_is_named_for_what_differs(tmp_path):
+    base = ["--config", "configs/quickstart.yaml"]
+    assert what_differs(["fit", *base]) == []
+    assert what_differs(
+        ["fit", *base, "--model.normalizer", "radio_lit.normalizers.Standardize"]
+    ) == ["normalizer=Standardize"]
+    assert what_differs(["fit", *base, "--model.loss=radio_lit.losses.HybridMSE"]) == [
+        "loss=HybridMSE"
+    ]
+    balancer = '{"class_path": "radio_lit.losses.AdaLoss"}'
+    assert what_differs(["fit", *base, "--model.balancer", balancer]) == ["balancer=AdaLoss"]
+    assert what_differs(["fit", *base, "--config", "configs/ablations/zca.yaml"]) == ["zca"]
+    cache = ["--data", "radio_lit.cache.CachedViews", "--data.init_args.path", "/data/cache/"]
+    assert what_differs(["fit", *base, *cache]) == ["data=CachedViews", "path=cache"]
+    placement = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--ckpt_path", "x.ckpt"]
+    assert what_differs(["fit", *base, *placement, "--model.init_from", "s1.ckpt"]) == []
+
+    (tmp_path / "quickstart" / "version_0").mkdir(parents=True)
+    (tmp_path / "quickstart" / "version_1-loss=MSE").mkdir()
+    trainer = _trainer(tmp_path)
+    name_run(trainer, "test", ["test", *base, "--model.normalizer", "radio_lit.normalizers.PhiS"])
+    assert trainer.logger.version == "version_2-test-normalizer=PhiS"
+    Path(trainer.logger.log_dir).mkdir()
+    trainer = _trainer(tmp_path)
+    name_run(trainer, "fit", ["fit", *base])
+    assert trainer.logger.version == "version_3"  # nothing differs: the next number

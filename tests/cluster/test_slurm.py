@@ -1,0 +1,169 @@
+"""radio-lit under a real SLURM (one node on this machine, :mod:`tests.cluster.local_slurm`).
+
+The jobs are ``launch/slurm/quickstart.sbatch`` as the README gives it (2 tasks, DDP over gloo
+on CPU), with a tiny schedule on top: one that runs through, and one that gets SLURM's warning
+signal mid-run (``scancel --signal=USR1``), requeues itself and resumes. Both start together;
+the preempted one must end with the weights and statistics of the one that ran through, in a
+single run folder, having resumed from the checkpoint the signal made it write.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.cluster.local_slurm import LocalSlurm, missing_binaries
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "launch" / "slurm" / "quickstart.sbatch"
+STEPS = 8
+SIGNAL_FROM = 4  # the preempted job is signalled once it reaches this step
+JOB_TIMEOUT_S = 400
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        bool(missing_binaries()),
+        reason=f"SLURM is not installed ({', '.join(missing_binaries())} missing; "
+        "apt-get install slurm-wlm munge)",
+    ),
+]
+
+
+def _config(folder: Path) -> Path:
+    """A tiny schedule: statistics over steps 0-2, a frozen trunk over 0-3, one DataLoader
+    worker, and no checkpoint before the last step but the one a signal writes."""
+    callbacks = [
+        {
+            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+            "init_args": {"steps": 3, "refit_every": 1},
+        },
+        {"class_path": "radio_lit.callbacks.FreezeBody", "init_args": {"steps": 4}},
+        {"class_path": "radio_lit.callbacks.RandomStates"},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "save_top_k": 0, "every_n_train_steps": STEPS},
+        },
+        {
+            "class_path": "tests.cluster.signals.SlowFrom",
+            "init_args": {"step": SIGNAL_FROM, "flag": str(folder / "reached"), "seconds": 1.5},
+        },
+    ]
+    config = {
+        "trainer": {
+            "max_steps": STEPS,
+            "log_every_n_steps": 1,
+            "enable_model_summary": False,
+            "callbacks": callbacks,
+        },
+        "data": {
+            "init_args": {
+                "val_dir": None,
+                "repeats": 2,
+                "batch_size": 1,  # 10 steps an epoch: the signal lands mid-epoch
+                "crop_size": 96,
+                "num_workers": 1,
+            }
+        },
+    }
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _job_folder(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "configs").symlink_to(ROOT / "configs")  # the script's relative config path
+    return folder
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    bin_dir = str(Path(sys.executable).parent)  # radio-lit of this environment
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    cluster.env.update(
+        PATH=os.pathsep.join([bin_dir, os.environ["PATH"]]), PYTHONPATH=os.pathsep.join(paths)
+    )
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory):
+    """``{name: (job id, folder)}`` of the two jobs, submitted together; waits for both."""
+    root = tmp_path_factory.mktemp("jobs")
+    submitted = {}
+    for name in ("through", "preempted"):
+        folder = _job_folder(root, name)
+        job = slurm.sbatch(SBATCH, folder, args=["--config", str(_config(folder))])
+        submitted[name] = (job, folder)
+    job, folder = submitted["preempted"]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (folder / "reached").exists():
+        assert slurm.job(job).get("JobState") in ("PENDING", "RUNNING"), _output(folder, job)
+        assert time.monotonic() < deadline, _output(folder, job)
+        time.sleep(0.3)
+    slurm.run(["scancel", "--signal=USR1", job])
+    slurm.wait_state(job, ("PENDING", "REQUEUED", "COMPLETED", "FAILED"), 120)
+    if slurm.job(job).get("JobState") != "COMPLETED":  # a requeued job waits ~2 min to start
+        slurm.wait_state(job, ("PENDING",), 60)
+        slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    for job, folder in submitted.values():
+        state = slurm.wait_state(
+            job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), JOB_TIMEOUT_S
+        )
+        assert state == "COMPLETED", _output(folder, job)
+    return submitted
+
+
+def _output(folder: Path, job: str) -> str:
+    out = folder / f"slurm-{job}.out"
+    return out.read_text()[-6000:] if out.exists() else "(no output yet)"
+
+
+def _run_folder(folder: Path, job: str) -> Path:
+    """The only run folder the job wrote: ``lightning_logs/quickstart/job<id>``."""
+    runs = sorted((folder / "lightning_logs" / "quickstart").iterdir())
+    assert [r.name for r in runs] == [f"job{job}"], runs
+    return runs[0]
+
+
+def _last(folder: Path, job: str) -> dict:
+    return torch.load(_run_folder(folder, job) / "checkpoints" / "last.ckpt", map_location="cpu")
+
+
+def test_a_two_task_sbatch_trains_into_one_run_folder(jobs):
+    job, folder = jobs["through"]
+    run = _run_folder(folder, job)
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # rank 0 logs
+    assert (run / "config.yaml").is_file()
+    assert _last(folder, job)["global_step"] == STEPS
+    assert "Restored all states" not in _output(folder, job)
+
+
+def test_a_preempted_job_requeues_resumes_and_ends_as_the_uninterrupted_one(slurm, jobs):
+    job, folder = jobs["preempted"]
+    output = _output(folder, job)
+    assert int(slurm.job(job)["Restarts"]) == 1, output
+    assert "radio-lit: SIGUSR1 received: every rank stopped after" in output
+    run = _run_folder(folder, job).relative_to(folder)
+    assert f"Restored all states from the checkpoint at {run}/checkpoints/last-preempted.ckpt" in (
+        output
+    )
+    resumed, through = _last(folder, job), _last(jobs["through"][1], jobs["through"][0])
+    assert resumed["global_step"] == through["global_step"] == STEPS
+    state, reference = resumed["state_dict"], through["state_dict"]
+    statistics = [k for k in reference if k.startswith("normalizers.")]
+    assert statistics
+    for key in statistics:
+        assert torch.equal(state[key], reference[key]), key
+    for key in [k for k in reference if k.startswith(("student.", "heads."))]:
+        torch.testing.assert_close(state[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
