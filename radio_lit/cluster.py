@@ -110,13 +110,22 @@ def check_allocation(trainer: Mapping[str, Any]) -> None:
 
 
 def worker_ignores_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a worker ignores SLURM's warning signal and Ctrl-C.
+    """DataLoader ``worker_init_fn``: a worker outlives the stop signals meant for its rank.
 
-    SLURM signals every process of a job step, DataLoader workers included (``USR1`` would
-    kill a worker by default), and Ctrl-C reaches the whole foreground process group: a worker
-    that died of the signal would fail the step that the main process is finishing before it
-    saves (:class:`radio_lit.callbacks.Preemption`). SIGTERM keeps its default: the main
-    process ends its workers with it when it shuts them down.
+    SLURM signals every process of a job step, DataLoader workers included (its warning
+    ``USR1``, and ``SIGTERM`` on preemption or at the time limit), and Ctrl-C reaches the whole
+    foreground process group: a worker that died of the signal would fail the step that the
+    main process is finishing before it saves (:class:`radio_lit.callbacks.Preemption`). So a
+    worker ignores ``USR1`` and Ctrl-C, and its first ``SIGTERM``; a second ``SIGTERM`` ends
+    it, which is how the main process (the DataLoader's shutdown, then ``multiprocessing`` at
+    exit) ends a worker that does not stop when asked. A worker whose main process is gone
+    stops by itself (the DataLoader's watchdog).
     """
     for signum in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _default_sigterm_from_now_on)
+
+
+def _default_sigterm_from_now_on(signum: int, frame: object) -> None:
+    """A worker's first ``SIGTERM``: ignored, and the next one gets the default (death)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

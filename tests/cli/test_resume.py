@@ -200,19 +200,22 @@ def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupte
 def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     uninterrupted, tmp_path
 ):
-    """``kill -TERM`` (a scheduler's stop) in the middle of step 3's forward, the last of an
-    epoch: the run saves after that step (the next run starts a new epoch), names its folder
-    and the command that resumes, and exits 143 (so that ``fit && next`` stops); the printed
-    command ends as the uninterrupted run does."""
+    """``SIGTERM`` (a scheduler's stop) in the middle of step 3's forward, the last of an
+    epoch, sent to the run and its two DataLoader workers at once, as SLURM signals every
+    process of a job step on preemption: the run saves after that step (the next run starts
+    a new epoch), names its folder and the command that resumes, and exits 143 (so that
+    ``fit && next`` stops); the printed command ends as the uninterrupted run does."""
     config = yaml.safe_load(write_config(tmp_path).read_text())
     config["trainer"]["callbacks"].append(
         {
             "class_path": "tests.cluster.signals.SignalAt",
-            "init_args": {"rank": 0, "step": 3, "signum": int(signal.SIGTERM)},
+            "init_args": {"rank": 0, "step": 3, "signum": int(signal.SIGTERM), "group": True},
         }
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    stopped = forking.run("radio_lit.cli:main", [argv(tmp_path / "run.yaml")], tmp_path / "term")
+    stopped = forking.run(
+        "radio_lit.cli:main", [argv(tmp_path / "run.yaml")], tmp_path / "term", new_session=True
+    )
     assert stopped.exitcode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
     assert "Traceback" not in stopped.stderr
     (command,) = [x for x in stopped.stderr.splitlines() if x.startswith("resume with: ")]

@@ -12,11 +12,12 @@ import lightning.pytorch as pl
 class SignalAt(pl.Callback):
     """Send ``signum`` to this process in the middle of the student's forward of training
     step ``step`` on rank ``rank`` (where a handler that saved would meet the other ranks in
-    a collective), once."""
+    a collective), once; with ``group``, to its whole process group (its DataLoader workers
+    too), as SLURM signals every process of a job step."""
 
-    def __init__(self, rank: int, step: int, signum: int) -> None:
+    def __init__(self, rank: int, step: int, signum: int, group: bool = False) -> None:
         super().__init__()
-        self.rank, self.step, self.signum = rank, step, signum
+        self.rank, self.step, self.signum, self.group = rank, step, signum, group
         self._hook = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -26,7 +27,10 @@ class SignalAt(pl.Callback):
 
         def send(module, args):
             self._hook.remove()
-            os.kill(os.getpid(), self.signum)
+            if self.group:
+                os.killpg(os.getpgid(0), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
 
         self._hook = blocks[len(blocks) // 2].register_forward_pre_hook(send)
 
