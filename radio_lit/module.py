@@ -332,8 +332,10 @@ class DistillationModule(pl.LightningModule):
                     ema_maps[name] = self.ema.heads[name].features(ema.features)
         return mesa_loss(maps, ema_maps, shift, ema_shift)
 
-    def on_before_zero_grad(self, optimizer: Any) -> None:
-        """After each optimizer step: the EMA student follows (report 2.3.2)."""
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        """The optimizer's update, then the EMA student follows it (report 2.3.2): once per
+        update (not per accumulated batch), the last one included."""
+        super().optimizer_step(*args, **kwargs)
         if self.ema is not None:
             self.ema.update(self.student, self.heads)
 

@@ -74,6 +74,17 @@ def test_ema_update_is_the_moving_average_and_buffers_follow():
     assert not ema.train().training  # always in eval mode
 
 
+def test_the_ema_follows_each_update_right_after_it(tmp_path):
+    """One training step with decay 0.5: the EMA is halfway between the starting weights and
+    the updated ones (it was the starting weights when it followed the update a step late)."""
+    module = tiny_module(mesa=MESA(decay=0.5))
+    start = module.student.patch_embed.proj.weight.detach().clone()
+    cpu_trainer(tmp_path, max_steps=1).fit(module, image_batches())
+    live = module.student.patch_embed.proj.weight.detach()
+    assert not torch.equal(live, start)
+    torch.testing.assert_close(module.ema.student.patch_embed.proj.weight, (start + live) / 2)
+
+
 def test_mesa_is_layer_normed_mse_on_the_overlap_with_no_gradient_to_the_ema():
     generator = torch.Generator().manual_seed(0)
     crop_map = torch.randn(2, 6, 6, 8, generator=generator)
