@@ -86,7 +86,12 @@ class EMAStudent(nn.Module):
     @torch.no_grad()
     def update(self, student: nn.Module, heads: nn.Module) -> None:
         """``ema ← decay · ema + (1 − decay) · live`` for every parameter; buffers (σReparam's
-        power-iteration vectors) are copied."""
+        power-iteration vectors) are copied.
+
+        Under FSDP2 the EMA is sharded like the live student and heads, and paired shard with
+        shard; its root keeps its parameters gathered after a forward (FSDP2 expects a
+        backward, which the EMA never runs), so it is resharded first."""
+        _reshard(self)
         ema = [*self.student.parameters(), *self.heads.parameters()]
         live = [*student.parameters(), *heads.parameters()]
         torch._foreach_lerp_(ema, [p.detach() for p in live], 1.0 - self.decay)
@@ -102,6 +107,15 @@ class EMAStudent(nn.Module):
         """Start over from the live weights (e.g. after ``model.init_from``)."""
         self.student.load_state_dict(student.state_dict())
         self.heads.load_state_dict(heads.state_dict())
+
+
+def _reshard(module: nn.Module) -> None:
+    """Every FSDP2 unit in ``module`` back to its shards (nothing without FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
 
 
 def fill_missing_ema(

@@ -7,13 +7,15 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
 ``_SubprocessScriptLauncher``, DESIGN.md "Distributed rules")::
 
     PYTHONPATH=<repo root> MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> \\
-        python tests/distributed/distributed_fit.py {ddp|fsdp2|partitions} OUTPUT_DIR
+        python tests/distributed/distributed_fit.py {ddp|fsdp2|partitions}[-ema] OUTPUT_DIR
 
 - ``ddp``: ``DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)``;
 - ``fsdp2``: ``ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)``, so that
   :meth:`DistillationModule.configure_model` shards the student and heads with ``fully_shard``;
 - ``partitions``: DDP as above with two partitions (:func:`build_partitioned_module`), one per
-  rank.
+  rank;
+- ``<kind>-ema``: ``<kind>`` with an EMA student and its MESA term (``MESA(decay=0.5)``), whose
+  weights the rank also writes (``ema``, gathered in full).
 
 Tiny CLIP, DINOv2 and SAM teachers, a tiny CPE ViT student, PHI-S normalizers,
 ``TeacherStatsEstimation(steps=3, refit_every=1)``, ``FreezeBody(steps=2)``, ``MAX_STEPS``
@@ -38,6 +40,7 @@ from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.partitions import Partition
+from radio_lit.students.ema import MESA
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0
@@ -50,11 +53,11 @@ CROP_SIZE = 64
 TIMEOUT_S = 60  # collectives fail after this instead of gloo's 30 minutes
 
 
-def build_module(seed: int = SEED) -> DistillationModule:
+def build_module(seed: int = SEED, mesa: MESA | None = None) -> DistillationModule:
     """``tests.builders.tiny_module`` with PHI-S normalizers (tiny CLIP, DINOv2 and SAM
     teachers, SAM without a summary); the same seed builds the same teachers anywhere."""
     torch.manual_seed(seed)
-    return tiny_module(normalizer=PhiS)
+    return tiny_module(normalizer=PhiS, mesa=mesa)
 
 
 #: Two partitions, one per rank on 2 ranks: DINOv2 is in both (its statistics pool both
@@ -142,6 +145,7 @@ def main(kind: str, output: Path) -> None:
 
     seed_everything(SEED, verbose=False)
     timeout = timedelta(seconds=TIMEOUT_S)
+    kind, ema = kind.removesuffix("-ema"), kind.endswith("-ema")
     if kind in ("ddp", "partitions"):
         strategy = DDPStrategy(
             process_group_backend="gloo", broadcast_buffers=False, timeout=timeout
@@ -154,9 +158,12 @@ def main(kind: str, output: Path) -> None:
             timeout=timeout,
         )
     else:
-        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2 or partitions")
+        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2 or partitions[-ema]")
 
-    module = build_partitioned_module() if kind == "partitions" else build_module()
+    if kind == "partitions":
+        module = build_partitioned_module()
+    else:
+        module = build_module(mesa=MESA(decay=0.5) if ema else None)
     recorder = Recorder()
     trainer = cpu_trainer(
         output,
@@ -176,7 +183,11 @@ def main(kind: str, output: Path) -> None:
     trainer.fit(module, datamodule=data)
 
     rank = trainer.global_rank
+    ema_weights = (
+        {} if module.ema is None else {n: _full(p) for n, p in module.ema.named_parameters()}
+    )
     result = {
+        "ema": ema_weights,
         "batches": recorder.batches,
         "losses": recorder.losses,
         "weights": recorder.weights,

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.distributed
 
 RUN_TIMEOUT_S = 300  # both runs together take ~20 s on 2 busy cores
 KINDS = ("ddp", "fsdp2")
+EMA_KINDS = ("ddp-ema", "fsdp2-ema")  # with an EMA student and MESA (C-RADIOv4 report 2.3.2)
 # Inherited variables that would make Lightning pick another cluster environment or
 # override Trainer arguments.
 _FOREIGN_ENV_PREFIXES = (
@@ -144,7 +145,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Re
     Both runs start together on first use: while one run's rank 0 waits for its rank 1 to
     import everything, the other run uses the core, which makes the pair ~30% faster.
     """
-    launches = {kind: _Launch.start(kind, tmp_path_factory.mktemp(kind)) for kind in KINDS}
+    launches = {
+        kind: _Launch.start(kind, tmp_path_factory.mktemp(kind)) for kind in KINDS + EMA_KINDS
+    }
     results: dict[str, Result | BaseException] = {}
 
     def get(kind: str) -> Result:
@@ -346,3 +349,25 @@ def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
             atol=1e-5,
             msg=lambda m, k=key: f"FSDP2 and DDP final {k} differ: {m}",
         )
+
+
+def test_the_ema_student_under_fsdp2_follows_as_under_ddp(run: Callable[[str], Result]) -> None:
+    """The EMA student (report 2.3.2) sharded by FSDP2 like the student: the same losses (MESA
+    term included) and the same final EMA weights as under DDP, on both ranks, to float32
+    noise; the EMA is not the student."""
+    ddp, fsdp2 = run("ddp-ema"), run("fsdp2-ema")
+    torch.testing.assert_close(
+        torch.tensor(fsdp2[0]["losses"]), torch.tensor(ddp[0]["losses"]), rtol=1e-5, atol=1e-6
+    )
+    for rank in (0, 1):
+        assert ddp[rank]["ema"].keys() == fsdp2[rank]["ema"].keys() != set()
+        for key, value in ddp[rank]["ema"].items():
+            torch.testing.assert_close(
+                fsdp2[rank]["ema"][key],
+                value,
+                rtol=1e-4,
+                atol=1e-5,
+                msg=lambda m, k=key: f"FSDP2 and DDP final EMA {k} differ: {m}",
+            )
+    student = ddp[0]["weights"][-1]["student.patch_embed.proj.weight"]
+    assert not torch.equal(ddp[0]["ema"]["student.patch_embed.proj.weight"], student)
