@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from tests import forking
-from tests.cli.test_resume import ROOT, kill_when_paused
+from tests.cli.test_resume import ROOT, kill_when_paused, resumable_callbacks
 
 CONFIG = str(ROOT / "configs" / "quickstart-c-radio.yaml")
 STEPS, KILL_AT = 6, 2
@@ -26,24 +26,8 @@ def _write(run_dir: Path, pause_at: int | None = None) -> Path:
             "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
             "init_args": {"steps": 4, "refit_every": 1},
         },
-        {"class_path": "radio_lit.callbacks.RandomStates"},
-        {
-            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-            "init_args": {
-                "dirpath": str(run_dir / "checkpoints"),
-                "save_last": True,
-                "save_top_k": 0,
-                "every_n_train_steps": 1,
-            },
-        },
+        *resumable_callbacks(run_dir, pause_at),
     ]
-    if pause_at is not None:
-        callbacks.append(
-            {
-                "class_path": "tests.cli.pause.PauseAt",
-                "init_args": {"step": pause_at, "flag": str(run_dir / "paused")},
-            }
-        )
     config = {
         "trainer": {
             "max_steps": STEPS,

@@ -34,15 +34,10 @@ ESTIMATION = 4  # statistics estimated over steps 0-3
 FROZEN = 7  # trunk frozen over steps 0-6
 
 
-def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
-    """The quickstart with a tiny schedule, a checkpoint after every step, 2 workers."""
+def resumable_callbacks(run_dir: Path, pause_at: int | None = None) -> list[dict]:
+    """RandomStates, a checkpoint after every step and, with ``pause_at``, a pause before that
+    step (where a test kills the run): the callbacks of a run that is killed and resumed."""
     callbacks = [
-        {
-            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
-            "init_args": {"steps": ESTIMATION, "refit_every": 2},
-        },
-        {"class_path": "radio_lit.callbacks.FreezeBody", "init_args": {"steps": FROZEN}},
-        {"class_path": "radio_lit.callbacks.NonFiniteGuard"},
         {"class_path": "radio_lit.callbacks.RandomStates"},
         {
             "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -61,6 +56,20 @@ def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
                 "init_args": {"step": pause_at, "flag": str(run_dir / "paused")},
             }
         )
+    return callbacks
+
+
+def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
+    """The quickstart with a tiny schedule, a checkpoint after every step, 2 workers."""
+    callbacks = [
+        {
+            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+            "init_args": {"steps": ESTIMATION, "refit_every": 2},
+        },
+        {"class_path": "radio_lit.callbacks.FreezeBody", "init_args": {"steps": FROZEN}},
+        {"class_path": "radio_lit.callbacks.NonFiniteGuard"},
+        *resumable_callbacks(run_dir, pause_at),
+    ]
     config = {
         "trainer": {
             "max_steps": STEPS,
