@@ -1,24 +1,23 @@
 """DistillationModule: one LightningModule per training stage (AM-RADIO sections 3-4; PHI-S 2).
 
 It orchestrates; each step's logic lives in its component (DESIGN.md, "One training step"):
-partitions, step (teachers, grid, heads), normalizers.statistics, losses, metrics, optim,
+partitions, step (teachers, grid, heads), student_step (C-RADIOv4's parts around the student:
+shifts, DAMP, EMA and MESA, per-step draws), normalizers.statistics, losses, metrics, optim,
 students.sharding, export (checkpoints), cache (recorded teacher outputs).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.compiling import CompileOption, compile_models
-from radio_lit.data.views import as_float_images, resize_view, teacher_view
+from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
 from radio_lit.grid import GridPolicy, check_policies, student_input_size
@@ -35,7 +34,7 @@ from radio_lit.normalizers.statistics import (
 from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
 from radio_lit.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
 from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
-from radio_lit.shifts import PatchShifts, shift_view
+from radio_lit.shifts import PatchShifts
 from radio_lit.step import (
     TeacherMatch,
     balanced_loss,
@@ -45,9 +44,10 @@ from radio_lit.step import (
     teacher_outputs,
     to_loss_grid,
 )
+from radio_lit.student_step import StudentStep, student_shift
 from radio_lit.students import Student, StudentOutput
-from radio_lit.students.damp import DAMP, weight_noise
-from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema, mesa_loss
+from radio_lit.students.damp import DAMP
+from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import shard_for_training
 from radio_lit.students.spectral_reparam import spectral_step
@@ -165,9 +165,9 @@ class DistillationModule(pl.LightningModule):
         self.partitions = PartitionPlan(
             partitions, names, self.student_resolution, student.patch_size
         )
-        self.shifts = shifts
-        self.damp = damp
-        self.mesa = mesa
+        self.student_step = StudentStep(
+            self.student_resolution, self.student_mean, self.student_std, shifts, damp, mesa
+        )
         self.compile_option = compile
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
@@ -298,54 +298,15 @@ class DistillationModule(pl.LightningModule):
         crop: Tensor,
         resolution: tuple[int, int] | None = None,
         shift: Tensor | None = None,
-        student: nn.Module | None = None,
     ) -> StudentOutput:
-        """``student`` (default: the live one, with DAMP's weight noise in training) on its
-        view of ``crop`` at ``resolution``, shifted by ``shift [B, 2]`` whole patches."""
-        size = resolution or self.student_resolution
-        if shift is not None:
-            pixels = resize_view(crop, size)
-            crop = shift_view(pixels, shift, self.student.patch_size, self.student_mean)
-        view = teacher_view(crop, size, self.student_mean, self.student_std)
-        if student is not None:
-            return student(view)
-        with weight_noise(self.damp, self.student, self.training):
-            return self.student(view)
-
-    def mesa_term(self, chunk: Chunk, online: StudentOutput) -> Tensor:
-        """The MESA term of a chunk (report 2.3.2; radio_lit.students.ema): the EMA student
-        on its own view (its own shift, drawn like the student's) against ``online``."""
-        assert self.mesa is not None and self.ema is not None
-        shift = chunk.shifts.student if chunk.shifts is not None else None
-        ema_shift = None
-        if self.shifts is not None and self.shifts.student:
-            ema_shift = self.shifts.draw(chunk.crop.shape[0]).to(chunk.crop.device)
-        with torch.no_grad():
-            ema = self.run_student(chunk.crop, chunk.resolution, ema_shift, self.ema.student)
-        maps, ema_maps = {}, {}
-        if self.mesa.applies_to in ("backbone", "both"):
-            maps["backbone"], ema_maps["backbone"] = online.features, ema.features
-        if self.mesa.applies_to in ("heads", "both"):
-            for name in chunk.teachers:
-                maps[name] = self.heads[name].features(online.features)
-                with torch.no_grad():
-                    ema_maps[name] = self.ema.heads[name].features(ema.features)
-        return mesa_loss(maps, ema_maps, shift, ema_shift)
+        """The student (DAMP's weight noise in training) on its view of ``crop`` at
+        ``resolution``, shifted by ``shift [B, 2]`` whole patches (radio_lit.student_step)."""
+        return self.student_step.run(self.student, crop, resolution, shift, self.training)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        """The optimizer's update, then the EMA student follows it (report 2.3.2): once per
-        update (not per accumulated batch), the last one included."""
+        """The optimizer's update, then the EMA student follows it (report 2.3.2)."""
         super().optimizer_step(*args, **kwargs)
-        if self.ema is not None:
-            self.ema.update(self.student, self.heads)
-
-    def shifted(self, chunk: Chunk, batch: Tensor | CachedBatch) -> Chunk:
-        """``chunk`` with this step's view shifts (radio_lit.shifts); a cached teacher's
-        outputs are of its unshifted view, so only live teachers are shifted."""
-        assert self.shifts is not None
-        live = () if isinstance(batch, CachedBatch) else chunk.teachers
-        shifts = self.shifts.chunk_shifts(chunk.crop.shape[0], live, chunk.crop.device)
-        return dataclasses.replace(chunk, shifts=shifts)
+        self.student_step.follow(self.ema, self.student, self.heads)
 
     def distillation_losses(
         self, matches: Mapping[str, TeacherMatch], per_sample: bool = False
@@ -360,29 +321,24 @@ class DistillationModule(pl.LightningModule):
         train = stage == "train"
         crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
-        if train and self.shifts is not None:  # shift-equivariant views
-            chunks = [self.shifted(c, batch) for c in chunks]
+        if train:  # shift-equivariant views of live teachers
+            chunks = self.student_step.views(chunks, live=not isinstance(batch, CachedBatch))
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
-        shifts = [c.shifts.student if c.shifts is not None else None for c in chunks]
         students = [  # student (DAMP noise in training)
-            self.run_student(c.crop, c.resolution, shift)
-            for c, shift in zip(chunks, shifts, strict=True)
+            self.run_student(c.crop, c.resolution, student_shift(c)) for c in chunks
         ]
         matches = [  # heads
-            match_teachers(s, self.heads, out, target, self.summary_token, shift)
-            for s, out, target, shift in zip(students, outputs, targets, shifts, strict=True)
+            match_teachers(s, self.heads, out, target, self.summary_token, student_shift(c))
+            for c, s, out, target in zip(chunks, students, outputs, targets, strict=True)
         ]
         terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss
         loss = balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
-        if train and self.mesa is not None and self.mesa.weight > 0:  # EMA student
-            mesa = sum(
-                c.weight * self.mesa_term(c, s) for c, s in zip(chunks, students, strict=True)
+        extra_logs: dict[str, Tensor] = {}
+        if train:  # the EMA student's MESA term; every head in every rank's backward (DDP)
+            loss, extra_logs = self.student_step.add_mesa(
+                loss, chunks, students, self.heads, self.ema
             )
-            loss = loss + self.mesa.weight * mesa
-            if logs_this_step(self._trainer):
-                self.log("train/mesa_loss", mesa, batch_size=crop.shape[0])
-        if train:  # every head in every rank's backward (DDP)
             idle = self.partitions.idle_teachers()
             loss = loss + idle_heads_term(self.heads, idle, self.student.embed_dim).to(loss)
         else:
@@ -391,9 +347,8 @@ class DistillationModule(pl.LightningModule):
         if not train or logs_this_step(self._trainer):
             size, weights = crop.shape[0], self.balancer.effective_weights() if train else None
             self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=size, sync_dist=not train)
-            self.log_dict(
-                step_logs(stage, chunks, terms, weights), batch_size=size, sync_dist=not train
-            )
+            logs = {**step_logs(stage, chunks, terms, weights), **extra_logs}
+            self.log_dict(logs, batch_size=size, sync_dist=not train)
         return loss
 
     def on_validation_epoch_end(self) -> None:
@@ -403,6 +358,7 @@ class DistillationModule(pl.LightningModule):
         self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
     def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
+        self.student_step.begin(self.student, self.global_step)  # draws shared by all ranks
         with spectral_step(self.student):  # σReparam: once per step, all layers together
             return self._shared_step(batch, "train")
 

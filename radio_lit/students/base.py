@@ -35,4 +35,11 @@ class Student(nn.Module):
     - ``pixel_mean``, ``pixel_std`` (3-tuples): the input normalization it was built for;
     - ``blocks`` (iterable of modules): the units FSDP2 shards one by one
       (:func:`radio_lit.students.shard_student`).
+
+    and may override :meth:`begin_step`.
     """
+
+    def begin_step(self, seed: int, step: int) -> None:
+        """Before training step ``step`` of a run seeded ``seed``: the student's per-step
+        random choices, drawn from ``(seed, step)`` alone so that every rank makes the same
+        (:class:`~radio_lit.students.CPEViT`: ViTDet windows on or off). None by default."""
