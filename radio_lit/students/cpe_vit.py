@@ -46,7 +46,12 @@ from torch import Tensor, nn
 
 from radio_lit.students.base import Student, StudentOutput
 from radio_lit.students.spectral_reparam import enable_spectral_reparam
-from radio_lit.students.vitdet import default_num_windowed, run_windowed, windowed_blocks
+from radio_lit.students.vitdet import (
+    default_num_windowed,
+    run_windowed,
+    windowed_blocks,
+    windowed_step,
+)
 
 Triple = tuple[float, float, float]
 
@@ -122,6 +127,12 @@ class CPEViT(Student):
             layout of 4 evenly spaced global blocks. The last block is always global.
         vitdet_eval_window_size: window size in eval mode (an inference throughput option,
             AM-RADIO table 8); ``None``: global attention. May be set on the instance later.
+        vitdet_probability: the chance that a training step runs ViTDet windows (then each
+            forward draws its window as above), global attention otherwise ``[choice]``: one
+            draw per optimizer step from the run's seed and the step number, the same on every
+            rank and after a resume (:meth:`begin_step`,
+            :func:`~radio_lit.students.vitdet.windowed_step`). 1: every step (the default).
+            Evaluation and export follow ``vitdet_eval_window_size`` whatever it is.
     """
 
     def __init__(
@@ -143,6 +154,7 @@ class CPEViT(Student):
         vitdet_window_sizes: list[int] | None = None,
         vitdet_num_windowed: int | None = None,
         vitdet_eval_window_size: int | None = None,
+        vitdet_probability: float = 1.0,
     ) -> None:
         super().__init__()
         vit = _timm_vit(model, pretrained, dict(model_kwargs or {}))
@@ -207,8 +219,21 @@ class CPEViT(Student):
         num_windowed = (
             default_num_windowed(depth) if vitdet_num_windowed is None else vitdet_num_windowed
         )
+        if not 0.0 <= vitdet_probability <= 1.0:
+            raise ValueError(
+                f"vitdet_probability must lie in [0, 1], got {vitdet_probability}: the chance "
+                "that a training step runs ViTDet windows"
+            )
+        if vitdet_probability < 1.0 and not vitdet_window_sizes:
+            raise ValueError(
+                f"vitdet_probability {vitdet_probability} needs vitdet_window_sizes (the windows "
+                "a training step may run): set both, or neither"
+            )
         self.vitdet_window_sizes = list(vitdet_window_sizes or [])
         self.vitdet_eval_window_size = vitdet_eval_window_size
+        self.vitdet_probability = vitdet_probability
+        # This training step's draw (begin_step); before any, windowed only if p is 1.
+        self._vitdet_this_step = vitdet_probability >= 1.0
         self.windowed = windowed_blocks(depth, num_windowed)
         self._untiled_grids: set[tuple[int, int, tuple[int, ...]]] = set()
 
@@ -297,15 +322,21 @@ class CPEViT(Student):
         )
 
     # -- blocks -------------------------------------------------------------------------------
+    def begin_step(self, seed: int, step: int) -> None:
+        """Before training step ``step``: whether its training forwards may run ViTDet windows
+        (probability ``vitdet_probability``; :func:`~radio_lit.students.vitdet.windowed_step`)."""
+        self._vitdet_this_step = windowed_step(self.vitdet_probability, seed, step)
+
     def vitdet_window(self, hw: tuple[int, int]) -> int | None:
         """This forward's ViTDet window size for an ``h x w`` patch grid, or ``None`` (global).
 
-        Training samples uniformly (torch's global RNG) among ``vitdet_window_sizes`` that tile
-        the grid; eval uses ``vitdet_eval_window_size`` if it tiles the grid.
+        Training, in a step drawn windowed (:meth:`begin_step`), samples uniformly (torch's
+        global RNG) among ``vitdet_window_sizes`` that tile the grid; eval uses
+        ``vitdet_eval_window_size`` if it tiles the grid.
         """
         h, w = hw
         if self.training:
-            sizes = self.vitdet_window_sizes
+            sizes = self.vitdet_window_sizes if self._vitdet_this_step else []
         else:
             size = self.vitdet_eval_window_size
             sizes = [] if size is None else [size]

@@ -11,12 +11,19 @@ serves inference as a throughput option (AM-RADIO table 8, "ViTDet-H/16-W8/W16")
 The summary and register tokens take no part in windowed blocks: they are set aside while the
 patches are windowed and rejoin them at the next global block, as in NVlabs/RADIO's inference
 code (``radio/vitdet.py``).
+
+``[choice]`` C-RADIOv4's issue asks for ViTDet "optionally enabled per step at random": a
+training step runs windowed with probability ``p`` (:func:`windowed_step`), else global. The
+draw is a function of the run's seed and the step number alone (not of any generator's state),
+so every rank makes the same draw without a collective, and a resumed run makes the draws of
+the uninterrupted one (its step counter is in the checkpoint).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,6 +32,15 @@ def default_num_windowed(depth: int) -> int:
     """Windowed blocks between global ones in ViTDet's layout: 4 evenly spaced global blocks
     (SAM's ViT-B/L/H encoders: global blocks 2,5,8,11 / 5,11,17,23 / 7,15,23,31)."""
     return max(depth // 4 - 1, 1)
+
+
+def windowed_step(probability: float, seed: int, step: int) -> bool:
+    """Whether training step ``step`` of a run seeded ``seed`` runs ViTDet windows: a
+    Bernoulli(``probability``) draw from numpy's generator seeded with ``(seed, step)``
+    (``SeedSequence`` mixes both into independent streams). Draws nothing at ``1`` and ``0``."""
+    if probability >= 1.0 or probability <= 0.0:
+        return probability >= 1.0
+    return bool(np.random.default_rng((seed, step)).random() < probability)
 
 
 def windowed_blocks(depth: int, num_windowed: int) -> list[bool]:

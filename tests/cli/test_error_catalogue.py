@@ -59,6 +59,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--model.shifts", "radio_lit.shifts.PatchShifts", "--model.shifts.std", "-1"],
         ["model.shifts.init_args", "std (-1.0)", "must be >= 0"],
     ),
+    "a ViTDet probability without windows": (
+        [*FIT, "--model.student.init_args.vitdet_probability", "0.5"],
+        ["model.student", "vitdet_probability 0.5 needs vitdet_window_sizes", "set both"],
+    ),
     "a fixed summary dispersion for a teacher without a summary": (
         [
             *FIT,

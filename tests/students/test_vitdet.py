@@ -1,10 +1,16 @@
 """ViTDet window augmentation (AM-RADIO supplement C; NVlabs/RADIO radio/vitdet.py)."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from radio_lit.students.vitdet import default_num_windowed, run_windowed, windowed_blocks
+from radio_lit.students.vitdet import (
+    default_num_windowed,
+    run_windowed,
+    windowed_blocks,
+    windowed_step,
+)
 from tests.builders import tiny_student
 
 
@@ -113,3 +119,44 @@ def test_a_grid_no_window_size_tiles_runs_global_attention_with_a_warning():
         assert student.vitdet_window((3, 5)) is None
     with pytest.raises(ValueError, match="vitdet_window_sizes"):
         tiny_student(vitdet_window_sizes=[0])
+
+
+def test_a_step_runs_windowed_with_probability_p_drawn_from_the_seed_and_step_alone():
+    """The same draw on every rank and after a resume: it reads no generator's state (ranks'
+    global RNGs differ with partitions) and leaves them untouched (the step's other draws)."""
+    draws = [windowed_step(0.3, 0, step) for step in range(4000)]
+    assert sum(draws) / len(draws) == pytest.approx(0.3, abs=0.03)
+    torch.manual_seed(1)
+    np.random.seed(1)
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    assert [windowed_step(0.3, 0, step) for step in range(4000)] == draws
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert np.array_equal(np.random.get_state()[1], numpy_state)
+    assert [windowed_step(0.3, 1, step) for step in range(4000)] != draws  # another seed
+    assert all(windowed_step(1.0, 0, step) for step in range(50))
+    assert not any(windowed_step(0.0, 0, step) for step in range(50))
+
+
+def test_a_step_drawn_global_trains_with_global_attention_and_eval_ignores_the_draw():
+    student = tiny_student(vitdet_window_sizes=[2], vitdet_probability=0.5).train()
+    plain = tiny_student(vitdet_window_sizes=None).train()
+    plain.load_state_dict(student.state_dict())
+    steps = {windowed_step(0.5, 0, step): step for step in range(10)}  # one step of each kind
+    images = torch.randn(2, 3, 64, 64)
+    outputs = {}
+    for windowed, step in steps.items():
+        student.begin_step(0, step)
+        assert student.vitdet_window((4, 4)) == (2 if windowed else None)
+        torch.manual_seed(0)  # the same CPE windows for both students
+        outputs[windowed] = student(images).features
+    torch.manual_seed(0)
+    assert torch.equal(outputs[False], plain(images).features)
+    assert not torch.allclose(outputs[True], outputs[False], atol=1e-4)
+    student.eval()
+    for step in steps.values():
+        student.begin_step(0, step)
+        assert student.vitdet_window((4, 4)) is None  # no eval-time window configured
+    with pytest.raises(ValueError, match=r"vitdet_probability must lie in \[0, 1\]"):
+        tiny_student(vitdet_window_sizes=[2], vitdet_probability=1.5)
+    with pytest.raises(ValueError, match="vitdet_probability 0.5 needs vitdet_window_sizes"):
+        tiny_student(vitdet_probability=0.5)
