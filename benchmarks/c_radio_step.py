@@ -6,7 +6,9 @@ and MESA, DAMP) and **today** (the same config with ``model.shifts``, ``model.me
 ``model.damp`` null and the cosine summary loss); ``--parts`` adds one side per part alone.
 Both sides keep the config's partitions and ViTDet windows (older options), each partition
 at one resolution (its largest: 64 and 128 px), since the sides draw different random numbers
-and a per-step resolution draw would then differ between them. Timing is
+and a per-step resolution draw would then differ between them. (The windows' per-step draw,
+``vitdet_probability``, depends on the seed and step number only: both sides run the same
+steps windowed.) Timing is
 benchmarks/cache.py's: a real ``Trainer`` per fit, the time between consecutive
 ``on_train_batch_start`` calls, sides interleaved over ``--repeats`` fits, the first
 ``--warmup`` steps of each fit dropped, medians compared; statistics fitted once on one batch
