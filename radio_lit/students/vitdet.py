@@ -12,11 +12,13 @@ The summary and register tokens take no part in windowed blocks: they are set as
 patches are windowed and rejoin them at the next global block, as in NVlabs/RADIO's inference
 code (``radio/vitdet.py``).
 
-``[choice]`` C-RADIOv4's issue asks for ViTDet "optionally enabled per step at random": a
-training step runs windowed with probability ``p`` (:func:`windowed_step`), else global. The
-draw is a function of the run's seed and the step number alone (not of any generator's state),
-so every rank makes the same draw without a collective, and a resumed run makes the draws of
-the uninterrupted one (its step counter is in the checkpoint).
+C-RADIOv4 offers ViTDet mode (report 3.2, table 5; notes 2.7) without saying how it is trained;
+NVlabs' hook's messages ("enable vit-det for this iteration") hint at a random switch per
+iteration. ``[choice]``: a training step runs windowed with probability ``p``
+(:func:`windowed_step`), else global. The draw is a function of the run's seed and the step
+number alone (not of any generator's state), so every rank makes the same draw without a
+collective, and a resumed run makes the draws of the uninterrupted one (its step counter is in
+the checkpoint).
 """
 
 from __future__ import annotations
