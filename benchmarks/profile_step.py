@@ -272,10 +272,11 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
     """Label the step's phases (benchmark-only patches of the built objects and names)."""
     import radio_lit.module as module_code
     import radio_lit.step as step_code
+    import radio_lit.student_step as student_step_code
 
     module = cli.model
     step_code.resize_view = clock.wrap("views", step_code.resize_view)
-    module_code.teacher_view = clock.wrap("views", module_code.teacher_view)
+    student_step_code.teacher_view = clock.wrap("views", student_step_code.teacher_view)
     module_code.to_loss_grid = clock.wrap("grid matching", module_code.to_loss_grid)
     module_code.match_teachers = clock.wrap("grid matching", module_code.match_teachers)
     module_code.balanced_loss = clock.wrap("losses", module_code.balanced_loss)
