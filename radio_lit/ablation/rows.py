@@ -45,12 +45,14 @@ ROWS: tuple[str, ...] = (
     "Ada-PHI-S",
 )
 
-#: C-RADIOv4's training parts (report 2.3-2.5), each row adding one to the row before.
+#: C-RADIOv4's training parts (report 2.3-2.5), each row adding one to the row before; then
+#: the first row with CPEViT's random position-embedding windows (AM-RADIO 4) [choice].
 C_RADIO_ROWS: tuple[str, ...] = (
     "v2.5",
     "Shift-equivariant",
     "Shift + Angle",
     "Shift + Angle + MESA/DAMP",
+    "v2.5, random CPE windows",
 )
 
 

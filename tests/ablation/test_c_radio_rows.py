@@ -29,6 +29,7 @@ PARTS = {
     "shift-equivariant": (True, Cosine, False),
     "shift-angle": (True, AngleBalanced, False),
     "shift-angle-mesa-damp": (True, AngleBalanced, True),
+    "v2.5-random-cpe-windows": (False, Cosine, False),
 }
 
 
@@ -76,6 +77,9 @@ def test_each_row_adds_its_parts_to_the_v25_losses(full_row, row):
     assert model.summary_loss.class_path == f"radio_lit.losses.{summary_loss.__name__}"
     assert (model.shifts is not None) == shifts
     assert (model.mesa is not None) == (model.damp is not None) == mesa_damp
+    cpe = config.model.student.init_args
+    whole_grid = row != "v2.5-random-cpe-windows"  # the base: the whole CPE grid every step
+    assert (cpe.cpe_min_scale == cpe.cpe_max_aspect == 1.0) == whole_grid
     data = config.data.init_args
     assert 10 * data.repeats // data.batch_size == config.trainer.max_steps  # one epoch
 
