@@ -56,13 +56,17 @@ class FixedPatternProbe(Callback):
         module = distillation_module(pl_module)
         wrapped = [n for n, t in module.teachers.items() if isinstance(t, FixedPatternTeacher)]
         names = wrapped if self.teachers is None else self.teachers
-        refused = [n for n in names if n not in wrapped]
-        if refused or not names:
+        if not wrapped:
             raise ConfigError(
-                f"FixedPatternProbe: teacher(s) {refused or 'none'} of this run carry no fixed "
-                f"pattern (the live teachers with one: {wrapped or 'none'}); wrap a teacher in "
-                "radio_lit.teachers.FixedPatternTeacher (model.teachers.<name>.class_path), or "
-                "name only wrapped ones in the probe's init_args.teachers"
+                "FixedPatternProbe: no teacher of this run carries a fixed pattern; wrap one in "
+                "radio_lit.teachers.FixedPatternTeacher (model.teachers.<name>.class_path) or "
+                "remove the probe from trainer.callbacks"
+            )
+        refused = [n for n in names if n not in wrapped]
+        if refused:
+            raise ConfigError(
+                f"FixedPatternProbe: init_args.teachers names {refused}, which carry no fixed "
+                f"pattern; the teachers with one are {wrapped}"
             )
         self._names = list(names)
 

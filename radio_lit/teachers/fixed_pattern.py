@@ -102,11 +102,16 @@ class FixedPatternTeacher(Teacher):
             raise ValueError(
                 f"FixedPatternTeacher: kind={kind!r} is not 'speckle', 'border' or 'windows'"
             )
-        if strength < 0 or band < 1 or window < 1:
+        if strength < 0:
             raise ValueError(
-                f"FixedPatternTeacher: strength ({strength}) must be >= 0, band ({band}) and "
-                f"window ({window}) >= 1"
+                f"FixedPatternTeacher: init_args.strength must be >= 0 (the pattern's RMS "
+                f"relative to the features' std; 0: no pattern), got {strength}"
             )
+        for option, value in (("band", band), ("window", window)):
+            if value < 1:
+                raise ValueError(
+                    f"FixedPatternTeacher: init_args.{option} must be at least 1 token, got {value}"
+                )
         self.teacher = teacher
         self.kind: PatternKind = kind
         self.strength = strength

@@ -43,5 +43,8 @@ def test_the_probes_values_add_up_to_the_validation_mse(tmp_path):
 
 def test_a_probe_without_a_patterned_teacher_is_one_clear_error():
     module = tiny_module()
-    with pytest.raises(ConfigError, match="wrap a teacher in radio_lit.teachers.FixedPattern"):
+    with pytest.raises(ConfigError, match="no teacher of this run carries a fixed pattern"):
         FixedPatternProbe().setup(None, module, "fit")
+    module.teachers["dino"] = FixedPatternTeacher(module.teachers["dino"], calibration_views=1)
+    with pytest.raises(ConfigError, match=r"names \['sam'\], which carry no fixed pattern"):
+        FixedPatternProbe(teachers=["dino", "sam"]).setup(None, module, "fit")

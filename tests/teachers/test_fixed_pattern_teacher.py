@@ -88,5 +88,5 @@ def test_the_pattern_is_deterministic_by_seed(inner, speckled):
 def test_bad_options_are_refused_by_name(inner):
     with pytest.raises(ValueError, match="kind='stripes'"):
         FixedPatternTeacher(inner, "stripes", calibration_views=1)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="strength"):
+    with pytest.raises(ValueError, match="init_args.strength must be >= 0"):
         FixedPatternTeacher(inner, strength=-1.0, calibration_views=1)
