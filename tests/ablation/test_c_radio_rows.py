@@ -62,6 +62,7 @@ def test_the_full_row_builds_every_part_on_patterned_teachers(full_row):
     assert all(isinstance(n, PhiS) for n in model.normalizers.values())
     assert isinstance(model.feature_loss, MSE)
     assert isinstance(model.summary_loss, AngleBalanced)
+    assert model.summary_loss.dispersion == {"dino_v3": 2.186}  # report table 3; SigLIP2 estimated
     assert isinstance(model.shifts, PatchShifts) and model.shifts.std == 0.5  # RADIO #181
     assert isinstance(model.mesa, MESA) and isinstance(model.damp, DAMP)
     assert any(isinstance(c, FixedPatternProbe) for c in full_row.trainer.callbacks)
