@@ -147,14 +147,18 @@ class FixedPatternTeacher(Teacher):
         """The pattern ``P [H, W, C]`` (float32, on the features' device) on ``grid``;
         deterministic in ``(seed, kind, grid)``."""
         grid = (int(grid[0]), int(grid[1]))
-        if grid not in self._patterns:
+        pattern = self._patterns.get(grid)
+        if pattern is None:
             generator = torch.Generator().manual_seed(self.seed)
             noise = torch.randn(*grid, self.feature_dim, generator=generator)
             mask = pattern_mask(self.kind, grid, self.band, self.window)
             z = noise * mask[..., None]
             z = z / z.square().mean((0, 1)).sqrt().clamp_min(1e-12)
-            self._patterns[grid] = z * self.sigma.cpu() * self.strength
-        return self._patterns[grid].to(self.sigma.device)
+            pattern = z * self.sigma.cpu() * self.strength
+        if pattern.device != self.sigma.device:
+            pattern = pattern.to(self.sigma.device)
+        self._patterns[grid] = pattern
+        return pattern
 
     def _with_pattern(self, out: TeacherOutput) -> TeacherOutput:
         pattern = self.pattern(out.features.shape[1:3])
