@@ -14,9 +14,7 @@ from radio_lit.cli import RadioLitCLI, main
 from radio_lit.evaluation import FixedPatternProbe
 from radio_lit.losses import MSE, AngleBalanced, Cosine
 from radio_lit.normalizers import PhiS
-from radio_lit.shifts import PatchShifts
-from radio_lit.students.damp import DAMP
-from radio_lit.students.ema import MESA
+from radio_lit.students.ema import EMAStudent
 from radio_lit.teachers import FixedPatternTeacher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,8 +61,7 @@ def test_the_full_row_builds_every_part_on_patterned_teachers(full_row):
     assert isinstance(model.feature_loss, MSE)
     assert isinstance(model.summary_loss, AngleBalanced)
     assert model.summary_loss.dispersion == {"dino_v3": 2.186}  # report table 3; SigLIP2 estimated
-    assert isinstance(model.shifts, PatchShifts) and model.shifts.std == 0.5  # RADIO #181
-    assert isinstance(model.mesa, MESA) and isinstance(model.damp, DAMP)
+    assert isinstance(model.ema, EMAStudent)  # MESA's EMA student (shifts, DAMP: parsed below)
     assert any(isinstance(c, FixedPatternProbe) for c in full_row.trainer.callbacks)
 
 
@@ -77,7 +74,13 @@ def test_each_row_adds_its_parts_to_the_v25_losses(full_row, row):
     assert model.loss.class_path == "radio_lit.losses.MSE"
     assert model.summary_loss.class_path == f"radio_lit.losses.{summary_loss.__name__}"
     assert (model.shifts is not None) == shifts
+    if shifts:
+        assert model.shifts.class_path == "radio_lit.shifts.PatchShifts"
+        assert model.shifts.init_args.std == 0.5  # RADIO #181
     assert (model.mesa is not None) == (model.damp is not None) == mesa_damp
+    if mesa_damp:
+        assert model.mesa.class_path == "radio_lit.students.ema.MESA"
+        assert model.damp.class_path == "radio_lit.students.damp.DAMP"
     cpe = config.model.student.init_args
     whole_grid = row != "v2.5-random-cpe-windows"  # the base: the whole CPE grid every step
     assert (cpe.cpe_min_scale == cpe.cpe_max_aspect == 1.0) == whole_grid
