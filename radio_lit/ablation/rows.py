@@ -1,16 +1,33 @@
-"""The rows of PHI-S tables 1 and 12 and their override configs (``configs/ablations/``).
+"""The ablation rows and their override configs, by row set (``radio-lit ablate --row-set``).
 
-Every row is one small YAML file that sets ``model.normalizer``, ``model.loss`` and
-``model.balancer`` on top of a base config; its file name is the row's name in lower case with
-spaces replaced by hyphens (``"Hyb SmL1"`` -> ``hyb-sml1.yaml``).
+- ``phi-s`` (the default): the rows of PHI-S tables 1 and 12 (``configs/ablations/``), each a
+  small YAML file that sets ``model.normalizer``, ``model.loss`` and ``model.balancer``;
+- ``c-radio``: C-RADIOv4's training parts added one by one to RADIOv2.5's losses
+  (``configs/ablations/c-radio/``), on toy teachers with fixed-pattern noise.
+
+A row's file name is its name in lower case with every run of other characters than letters,
+digits and dots replaced by one hyphen (``"Hyb SmL1"`` -> ``hyb-sml1.yaml``,
+``"Shift + Angle"`` -> ``shift-angle.yaml``); each folder holds its set's ``base.yaml``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ROWS", "Row", "default_rows_dir", "resolve_rows", "slug"]
+from radio_lit.ablation.tables import C_RADIO_TABLES, TABLES, MetricTable
+
+__all__ = [
+    "C_RADIO_ROWS",
+    "ROWS",
+    "ROW_SETS",
+    "Row",
+    "RowSet",
+    "default_rows_dir",
+    "resolve_rows",
+    "slug",
+]
 
 #: PHI-S tables 1 and 12, in the paper's order: baselines, standardization, whitening, AdaLoss.
 ROWS: tuple[str, ...] = (
@@ -28,6 +45,16 @@ ROWS: tuple[str, ...] = (
     "Ada-PHI-S",
 )
 
+#: C-RADIOv4's training parts (report 2.3-2.5), each row adding one to the row before; then
+#: the first row with CPEViT's random position-embedding windows (AM-RADIO 4) [choice].
+C_RADIO_ROWS: tuple[str, ...] = (
+    "v2.5",
+    "Shift-equivariant",
+    "Shift + Angle",
+    "Shift + Angle + MESA/DAMP",
+    "v2.5, random CPE windows",
+)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -38,9 +65,58 @@ class Row:
     config: Path
 
 
+@dataclass(frozen=True)
+class RowSet:
+    """A set of rows: their names in table order, their folder, and their tables.
+
+    Attributes:
+        name: the ``--row-set`` value.
+        rows: the row names, in the order of the tables.
+        folder: the folder of the base and row configs, under ``configs/ablations``.
+        tables: the per-teacher metric tables written for it.
+        ranks: whether a mean-rank table is written too.
+        cacheable: whether the rows may train from a teacher-feature cache (``--cache``):
+            not when they shift the teachers' views each step, which a cache of unshifted
+            views cannot hold.
+        title: what the rows reproduce, for ``--help``.
+        out: the default output folder of ``radio-lit ablate``.
+    """
+
+    name: str
+    rows: tuple[str, ...]
+    folder: str
+    tables: tuple[MetricTable, ...]
+    ranks: bool
+    cacheable: bool
+    title: str
+    out: str
+
+    def directory(self) -> Path:
+        """The folder of this set's configs in the source tree (or the cwd's)."""
+        return default_rows_dir() / self.folder
+
+
+ROW_SETS: dict[str, RowSet] = {
+    "phi-s": RowSet(
+        "phi-s", ROWS, "", TABLES, True, True, "PHI-S tables 1 and 12", "runs/ablations"
+    ),
+    "c-radio": RowSet(
+        "c-radio",
+        C_RADIO_ROWS,
+        "c-radio",
+        C_RADIO_TABLES,
+        False,
+        False,
+        "C-RADIOv4's training parts on teachers with fixed-pattern noise",
+        "runs/ablations-c-radio",
+    ),
+}
+
+
 def slug(name: str) -> str:
-    """File-system name of a row: lower case, spaces and underscores as hyphens."""
-    return name.strip().lower().replace(" ", "-").replace("_", "-")
+    """File-system name of a row: lower case, other runs of characters than letters, digits
+    and dots as one hyphen."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.strip().lower()).strip("-")
 
 
 def default_rows_dir() -> Path:
@@ -49,14 +125,15 @@ def default_rows_dir() -> Path:
     return beside_package if beside_package.is_dir() else Path("configs") / "ablations"
 
 
-def resolve_rows(names: list[str], rows_dir: Path) -> list[Row]:
-    """Rows for ``names`` (paper names or file names, any case; or paths to YAML files).
+def resolve_rows(names: list[str], rows_dir: Path, known_rows: tuple[str, ...] = ROWS) -> list[Row]:
+    """Rows for ``names`` among ``known_rows`` (the PHI-S rows by default): their names or file
+    names, any case; or paths to YAML files.
 
     Raises:
         ValueError: naming every unknown row and listing the known ones, or a known row
             whose config file is missing from ``rows_dir``.
     """
-    known = {slug(name): name for name in ROWS}
+    known = {slug(name): name for name in known_rows}
     rows, unknown = [], []
     for given in names:
         path = Path(given)
@@ -69,7 +146,7 @@ def resolve_rows(names: list[str], rows_dir: Path) -> list[Row]:
             unknown.append(given)
     if unknown:
         raise ValueError(
-            f"unknown ablation row(s) {unknown}; the rows are {', '.join(ROWS)} (any case, "
+            f"unknown ablation row(s) {unknown}; the rows are {', '.join(known_rows)} (any case, "
             "spaces or hyphens), or paths to override YAML files"
         )
     missing = [str(row.config) for row in rows if not row.config.is_file()]

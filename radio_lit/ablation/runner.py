@@ -1,4 +1,5 @@
-"""``radio-lit ablate``: train every ablation row and write the PHI-S tables.
+"""``radio-lit ablate``: train every ablation row and write the PHI-S tables (or, with
+``--row-set c-radio``, the C-RADIOv4 rows' tables).
 
 Each row is a real ``radio-lit fit --config BASE --config ROW [overrides]`` in a process of its
 own (the same CLI a user runs), with its TensorBoard logs in ``OUT/tensorboard/<row>/`` beside the
@@ -13,6 +14,7 @@ runner writes ``OUT/results.csv`` (rows x metrics) and one markdown table per pa
     radio-lit ablate --base configs/stage1.yaml --out runs/phi-s-ablations   # real scale
     radio-lit ablate --cache runs/ablations-cache --seeds 3   # teachers once, 3 seeds per row
     radio-lit ablate --jobs 2                          # two rows at once
+    radio-lit ablate --row-set c-radio --seeds 3       # C-RADIOv4's parts, fixed-pattern teachers
 
 ``--cache DIR`` runs the teachers once for all rows: ``radio-lit cache --views epochs`` writes
 the base's views to ``DIR`` (kept, and reused by later ablations with the same base), and
@@ -32,6 +34,14 @@ and writes the cache with N processes on disjoint shards. Small rows do not use 
 (their kernels are too short to split), so on a 2-core CPU two rows at once take about the
 time of one; rows and cache must share ``--jobs`` for a cached row to be bit-identical to its
 live one.
+
+``--row-set`` picks the rows, their folder, their base and their tables
+(:data:`~radio_lit.ablation.rows.ROW_SETS`): ``phi-s`` (default, ``configs/ablations/``) or
+``c-radio`` (``configs/ablations/c-radio/``: RADIOv2.5's losses, + the shift-equivariant dense
+loss, + the angle-balanced summary loss, + MESA and DAMP, on toy teachers with fixed-pattern
+noise; tables of the pattern share, the error against the clean teacher features, teacher MSE
+and fidelity). The ``c-radio`` rows shift the teachers' views every step, so they run live:
+``--cache`` is refused for them.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from typing import Any
 from radio_lit.ablation.final_validation import write_json
 from radio_lit.ablation.processes import Command, Slot, job_slots, start, visible_gpus
 from radio_lit.ablation.progress import Progress, RowState, clock
-from radio_lit.ablation.rows import ROWS, Row, default_rows_dir, resolve_rows
+from radio_lit.ablation.rows import ROW_SETS, Row, RowSet, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
 from radio_lit.errors import CommandParser
 
@@ -62,33 +72,42 @@ REPORT_EVERY = 20.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    rows_dir = default_rows_dir()
     parser = CommandParser(
         prog="radio-lit ablate",
         description=(
             "Train the PHI-S ablation rows (tables 1 and 12), --jobs at a time, and write the "
-            "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks). Any "
-            "other --section.key value option is passed to every row's radio-lit fit."
+            "paper's tables (teacher MSE, fidelity, error-variance ranges, mean ranks); or, "
+            "with --row-set c-radio, C-RADIOv4's training parts and their fixed-pattern "
+            "tables. Any other --section.key value option is passed to every row's radio-lit fit."
         ),
+    )
+    parser.add_argument(
+        "--row-set",
+        choices=list(ROW_SETS),
+        default="phi-s",
+        help="; ".join(f"{s.name}: {s.title} ({', '.join(s.rows)})" for s in ROW_SETS.values())
+        + " (default: %(default)s)",
     )
     parser.add_argument(
         "--rows",
         nargs="+",
-        default=list(ROWS),
+        default=None,
         metavar="ROW",
-        help=f"rows to run, paper names or file names (default: all: {', '.join(ROWS)})",
+        help="rows to run, by name or file name (default: all of the row set)",
     )
     parser.add_argument(
         "--base",
         type=Path,
-        default=rows_dir / "base.yaml",
-        help="base config every row overrides (default: the small-scale CPU base, %(default)s)",
+        default=None,
+        help="base config every row overrides (default: the row set's small-scale CPU base, "
+        "base.yaml in its folder)",
     )
     parser.add_argument(
         "--rows-dir",
         type=Path,
-        default=rows_dir,
-        help="folder of the rows' override configs (default: %(default)s)",
+        default=None,
+        help="folder of the rows' override configs (default: the row set's folder, "
+        "configs/ablations or configs/ablations/c-radio)",
     )
     parser.add_argument(
         "--seeds", type=int, default=1, help="seeds per row; tables show mean ± std (default 1)"
@@ -110,8 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path("runs") / "ablations",
-        help="output folder: logs, TensorBoard runs, results, tables (default: %(default)s)",
+        default=None,
+        help="output folder: logs, TensorBoard runs, results, tables (default: "
+        + ", ".join(f"{s.out} for {s.name}" for s in ROW_SETS.values())
+        + ")",
     )
     return parser
 
@@ -120,24 +141,35 @@ def main(argv: Sequence[str]) -> None:
     """Entry point of ``radio-lit ablate``; exits with status 1 if a row failed."""
     parser = _parser()
     args, overrides = parser.parse_with_overrides(argv)
-    if not args.base.is_file():
-        parser.error(f"--base {args.base}: no such config file")
+    row_set = ROW_SETS[args.row_set]
+    base = args.base or row_set.directory() / "base.yaml"
+    out = args.out or Path(row_set.out)
+    if not base.is_file():
+        parser.error(f"--base {base}: no such config file")
     try:
-        rows = resolve_rows(args.rows, args.rows_dir)
+        rows = resolve_rows(
+            args.rows or list(row_set.rows), args.rows_dir or row_set.directory(), row_set.rows
+        )
     except ValueError as err:
         parser.error(f"--rows: {err}")
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.cache is not None and not row_set.cacheable:
+        parser.error(
+            f"--cache: the {row_set.name} rows shift the teachers' views every step "
+            "(model.shifts), which a cache of unshifted views cannot hold; drop --cache "
+            "(they run their teachers live)"
+        )
     try:
         gpus = visible_gpus() if args.jobs > 1 else []
         slots = job_slots(args.jobs, len(os.sched_getaffinity(0)), gpus)
-        failed = run_ablation(rows, args.base, overrides, args.out, args.seeds, args.cache, slots)
+        failed = run_ablation(rows, base, overrides, out, args.seeds, args.cache, slots, row_set)
     except ValueError as err:
         parser.error(str(err))
     except KeyboardInterrupt:
         print(
             f"radio-lit ablate: interrupted; the running rows were stopped and the finished "
-            f"ones are kept in {args.out / 'rows'}: run the same command to go on",
+            f"ones are kept in {out / 'rows'}: run the same command to go on",
             file=sys.stderr,
         )
         sys.exit(130)
@@ -227,10 +259,11 @@ def run_ablation(
     seeds: int = 1,
     cache: Path | None = None,
     slots: list[Slot] | None = None,
+    row_set: RowSet = ROW_SETS["phi-s"],
 ) -> list[str]:
     """Run the rows (each with ``seeds`` seeds; from the cache ``cache`` if given) not yet
     finished in ``out``, as many at once as there are ``slots`` (default: one, on the whole
-    machine), then write and print the tables.
+    machine), then write and print the tables of ``row_set`` (default: PHI-S's).
 
     Returns:
         the names of the rows that failed.
@@ -287,7 +320,7 @@ def run_ablation(
             "metrics": metrics["metrics"],
         }
         write_json(out / "rows" / f"{row.slug}.json", finished[row.slug])
-    _write_tables(finished, out)
+    _write_tables(finished, out, row_set)
     if failed:
         print(f"failed rows: {', '.join(failed)}", flush=True)
     return failed
@@ -388,10 +421,11 @@ class _RowRunner:
             print(self.progress.line(state, states, waiting), flush=True)
 
 
-def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:
-    """``results.csv`` and one markdown file per table, rows in the paper's order."""
-    order = {name: i for i, name in enumerate(ROWS)}
-    results = sorted(finished.values(), key=lambda r: (order.get(r["row"], len(ROWS)), r["row"]))
+def _write_tables(finished: dict[str, dict[str, Any]], out: Path, row_set: RowSet) -> None:
+    """``results.csv`` and one markdown file per table, rows in the row set's order."""
+    order = {name: i for i, name in enumerate(row_set.rows)}
+    last = len(row_set.rows)
+    results = sorted(finished.values(), key=lambda r: (order.get(r["row"], last), r["row"]))
     if not results:
         return
     by_row: dict[str, list[dict[str, Any]]] = {}
@@ -415,7 +449,7 @@ def _write_tables(finished: dict[str, dict[str, Any]], out: Path) -> None:
         },
     )
     text = []
-    for key, table in all_tables(metrics, spreads).items():
+    for key, table in all_tables(metrics, spreads, row_set.tables, row_set.ranks).items():
         (out / f"{key}.md").write_text(table.markdown())
         text.append(table.markdown())
     print("\n" + "\n".join(text), flush=True)

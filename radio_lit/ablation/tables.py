@@ -13,6 +13,10 @@ ends with a dict of validation metrics ``{"val/<teacher>/<metric>": value}`` (th
   and 12 is such a mean rank; 1 is best).
 
 Missing values (a metric a run did not log) are shown as ``-`` and left out of the ranks.
+
+The C-RADIOv4 rows (``--row-set c-radio``) get :data:`C_RADIO_TABLES` instead: the share of
+the teachers' fixed pattern the student reproduces and its error against the clean teacher
+features (:class:`~radio_lit.metrics.PatternShare`), then teacher MSE and fidelity.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "C_RADIO_TABLES",
     "TABLES",
     "MetricTable",
     "Table",
@@ -78,6 +83,25 @@ TABLES: tuple[MetricTable, ...] = (
         "Range of per-channel error variances, teacher space (PHI-S table 5; lower is better)",
         "error_variance_range_teacher",
     ),
+)
+
+
+#: The C-RADIOv4 rows (``--row-set c-radio``): how much of the teachers' fixed pattern the
+#: student reproduces (:class:`~radio_lit.evaluation.FixedPatternProbe`), then PHI-S's MSE and
+#: fidelity.
+C_RADIO_TABLES: tuple[MetricTable, ...] = (
+    MetricTable(
+        "pattern_share",
+        "Share of the teachers' fixed pattern the student reproduces (1: all of it; lower is "
+        "better)",
+        "pattern_share",
+    ),
+    MetricTable(
+        "clean_mse",
+        "MSE against the teachers' features without the pattern, teacher space (lower is better)",
+        "clean_mse",
+    ),
+    *TABLES[:2],
 )
 
 
@@ -213,14 +237,19 @@ def mean_ranks(
     return {n: _mean([ranks[i] for ranks in per_teacher]) for i, n in enumerate(names)}
 
 
-def rank_table(results: Mapping[str, Metrics], teachers: Sequence[str]) -> Table:
-    """Mean rank per table (columns) and their average, for every row (1 is best)."""
-    columns = {spec.key: mean_ranks(spec, results, teachers) for spec in TABLES}
+def rank_table(
+    results: Mapping[str, Metrics],
+    teachers: Sequence[str],
+    specs: Sequence[MetricTable] = TABLES,
+) -> Table:
+    """Mean rank per table of ``specs`` (columns) and their average, for every row (1 is
+    best)."""
+    columns = {spec.key: mean_ranks(spec, results, teachers) for spec in specs}
     rows = []
     for name in results:
-        values = [columns[spec.key][name] for spec in TABLES]
+        values = [columns[spec.key][name] for spec in specs]
         rows.append((name, [*values, _mean(values)]))
-    header = ["Method", *(spec.key for spec in TABLES), "Average"]
+    header = ["Method", *(spec.key for spec in specs), "Average"]
     return Table(
         "Mean rank across teachers, fidelity by its geometric mean (1 is best; PHI-S tables 1, 12)",
         header,
@@ -229,14 +258,18 @@ def rank_table(results: Mapping[str, Metrics], teachers: Sequence[str]) -> Table
 
 
 def all_tables(
-    results: Mapping[str, Metrics], spreads: Mapping[str, Metrics] | None = None
+    results: Mapping[str, Metrics],
+    spreads: Mapping[str, Metrics] | None = None,
+    specs: Sequence[MetricTable] = TABLES,
+    ranks: bool = True,
 ) -> dict[str, Table]:
-    """Every table of :data:`TABLES` plus the rank table, keyed by file stem; with several
-    seeds, ``results`` holds the means and ``spreads`` the standard deviations (the ranks
-    are those of the means)."""
+    """Every table of ``specs`` (PHI-S's :data:`TABLES` by default) plus, with ``ranks``, the
+    rank table, keyed by file stem; with several seeds, ``results`` holds the means and
+    ``spreads`` the standard deviations (the ranks are those of the means)."""
     teachers = teachers_of(results)
-    tables = {spec.key: metric_table(spec, results, teachers, spreads) for spec in TABLES}
-    tables["ranks"] = rank_table(results, teachers)
+    tables = {spec.key: metric_table(spec, results, teachers, spreads) for spec in specs}
+    if ranks:
+        tables["ranks"] = rank_table(results, teachers, specs)
     return tables
 
 

@@ -1,6 +1,8 @@
 """What the student learned: kNN and zero-shot classification through the summary, PCA images of
 features, mode switching and scale equivariance across resolutions, RankMe, the
-reconstruction error of output token merging, and linear-probe segmentation (mIoU).
+reconstruction error of output token merging, and linear-probe segmentation (mIoU); the share
+of a teacher's fixed-pattern noise the student reproduces (:class:`FixedPatternProbe`, logged
+with the validation metrics).
 
 Each measure is a Lightning callback (:class:`Evaluation`) that runs every N steps and at the
 end of ``fit``, at the end of ``radio-lit validate`` / ``test``, and from ``radio-lit evaluate``
@@ -10,6 +12,7 @@ teacher outputs), so a training module and an exported model are measured alike.
 
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.data import SAMPLE_CLASSES, LabeledImageFolder, SampleImageClasses
+from radio_lit.evaluation.fixed_pattern import FixedPatternProbe
 from radio_lit.evaluation.knn import KNNClassification, knn_votes
 from radio_lit.evaluation.pca import PCAColors, PCAFeatureImages, pca_image
 from radio_lit.evaluation.rank import RankMe, rank_me
@@ -34,6 +37,7 @@ __all__ = [
     "SAMPLE_CLASSES",
     "SAMPLE_SEGMENTATION",
     "Evaluation",
+    "FixedPatternProbe",
     "KNNClassification",
     "LabeledImageFolder",
     "LinearSegmentationHead",

@@ -59,6 +59,7 @@ __all__ = [
     "TABLE7",
     "FeatureStatistics",
     "RescaledTeacher",
+    "calibration_features",
     "calibration_views",
     "channel_targets",
     "feature_statistics",
@@ -216,6 +217,15 @@ def calibration_views(images: str, side: int, views: int, seed: int) -> Tensor:
     return torch.stack(crops)
 
 
+@torch.no_grad()
+def calibration_features(teacher: Teacher, images: str, views: int, seed: int) -> Tensor:
+    """``teacher``'s features ``[N, C]`` (float64, one row per token) on the calibration
+    views (:func:`calibration_views` at its native resolution)."""
+    crops = calibration_views(images, teacher.resolution, views, seed)
+    features = teacher(as_float_images(crops)).features
+    return features.reshape(-1, features.shape[-1]).double()
+
+
 def _mixing(dim: int, inner_dim: int, generator: torch.Generator) -> Tensor:
     """``P [dim, inner_dim]`` with orthonormal columns (``dim >= inner_dim``) or rows."""
     gaussian = torch.randn(max(dim, inner_dim), min(dim, inner_dim), generator=generator)
@@ -269,7 +279,7 @@ class RescaledTeacher(Teacher):
         self._dim = teacher.feature_dim if dim is None else dim
         mu, sigma = channel_targets(statistics, self._dim, seed)
 
-        inner = self._calibration_features(calibration_images, calibration_views, seed)
+        inner = calibration_features(teacher, calibration_images, calibration_views, seed)
         m, s = inner.mean(0), inner.std(0, correction=0)
         s = s.clamp_min(1e-6 * s.max())  # a dead inner channel gets no infinite weight
         mixing = _mixing(self._dim, teacher.feature_dim, torch.Generator().manual_seed(seed))
@@ -284,13 +294,6 @@ class RescaledTeacher(Teacher):
         self.register_buffer("weight", weight.float(), persistent=False)  # A [dim, C_in]
         self.register_buffer("bias", (mu - weight @ m).float(), persistent=False)  # b [dim]
         self.freeze()
-
-    @torch.no_grad()
-    def _calibration_features(self, images: str, views: int, seed: int) -> Tensor:
-        """Inner features ``[N, C_in]`` (float64) of the calibration views."""
-        crops = calibration_views(images, self.teacher.resolution, views, seed)
-        features = self.teacher(as_float_images(crops)).features
-        return features.reshape(-1, features.shape[-1]).double()
 
     @property
     def feature_dim(self) -> int:

@@ -244,6 +244,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["ablate", "--base", "{tmp}/nope.yaml"],
         ["radio-lit ablate", "--base", "no such config file"],
     ),
+    "ablate rows that shift the teachers' views, from a cache": (
+        ["ablate", "--row-set", "c-radio", "--cache", "{tmp}/cache"],
+        ["radio-lit ablate", "--cache", "c-radio rows shift the teachers' views", "drop --cache"],
+    ),
     "segmentation probe on a folder without ADE20k's layout": (
         [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.SegmentationProbe"]
         + ["--trainer.callbacks.root", "{tmp}/empty"],

@@ -1,0 +1,92 @@
+"""FixedPatternTeacher: a fixed, seeded pattern locked to the teacher's own token grid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radio_lit.data import resize_view
+from radio_lit.shifts import shift_view
+from radio_lit.step import run_teachers
+from radio_lit.teachers import FixedPatternTeacher
+from radio_lit.teachers.fixed_pattern import pattern_mask
+from radio_lit.teachers.rescaled import calibration_features
+from tests.teachers.tiny import tiny_dinov3_teacher
+
+
+@pytest.fixture(scope="module")
+def inner():
+    torch.manual_seed(0)
+    return tiny_dinov3_teacher(follow_student=True)  # 16 px patches, any grid
+
+
+@pytest.fixture(scope="module")
+def speckled(inner):
+    return FixedPatternTeacher(inner, "speckle", strength=0.5, seed=7, calibration_views=1)
+
+
+def _crops(count: int = 3, side: int = 96) -> torch.Tensor:
+    return torch.rand(count, 3, side, side, generator=torch.Generator().manual_seed(1))
+
+
+def test_features_are_the_clean_ones_plus_the_pattern_at_each_token(inner, speckled):
+    crops = _crops()
+    noisy, clean = speckled(crops, (96, 96)), speckled.clean(crops, (96, 96))
+    assert torch.equal(clean.features, inner(crops, (96, 96)).features)
+    assert torch.equal(noisy.summary, clean.summary)
+    pattern = speckled.pattern((6, 6))
+    assert noisy.features.shape[1:] == pattern.shape == (6, 6, inner.feature_dim)
+    torch.testing.assert_close(noisy.features - clean.features, pattern.expand(3, -1, -1, -1))
+
+
+def test_the_pattern_stays_on_the_teachers_grid_when_its_view_is_shifted(speckled):
+    """A view shifted by k tokens: in the crop frame, crop token a shows pattern token a - k."""
+    crops, shift = _crops(2), torch.tensor([[1, -2], [0, 1]])
+    out = run_teachers({"t": speckled}, crops, ["t"], (6, 6), {"t": shift})["t"]
+    view = shift_view(resize_view(crops, (96, 96)), shift, 16, speckled.mean)
+    clean = speckled.clean(view, (96, 96)).features
+    pattern = speckled.pattern((6, 6))
+    for b, (dy, dx) in enumerate(shift.tolist()):
+        for i in range(6):
+            for j in range(6):
+                if not bool(out.valid[b, i, j]):
+                    continue
+                expected = clean[b, i - dy, j - dx] + pattern[i - dy, j - dx]
+                torch.testing.assert_close(out.features[b, i, j], expected)
+    assert int(out.valid[0].sum()) == 5 * 4  # 1 row and 2 columns left the view
+
+
+def test_the_patterns_energy_is_strength_squared_times_the_features_variance(inner, speckled):
+    sigma = calibration_features(inner, "radio_lit:sample_images", 1, 7).std(0, correction=0)
+    for kind in ("speckle", "border", "windows"):
+        teacher = speckled if kind == "speckle" else None
+        if teacher is None:
+            teacher = FixedPatternTeacher(inner, kind, strength=0.5, seed=7, calibration_views=1)
+        pattern = teacher.pattern((8, 8)).double()
+        energy = pattern.square().sum(-1).mean()  # per token, over the grid
+        torch.testing.assert_close(energy, 0.25 * sigma.square().sum(), rtol=1e-4, atol=0)
+        carries = pattern.abs().sum(-1) > 0
+        assert torch.equal(carries, pattern_mask(kind, (8, 8), band=1, window=4))
+
+
+def test_the_masks_follow_the_reports_artefacts():
+    border = pattern_mask("border", (6, 6), band=1, window=4)
+    assert int(border.sum()) == 36 - 16 and not bool(border[1:5, 1:5].any())
+    windows = pattern_mask("windows", (8, 8), band=1, window=4)
+    lines = torch.zeros(8, dtype=torch.bool)
+    lines[[3, 7]] = True
+    assert torch.equal(windows, lines[:, None] | lines[None, :])
+
+
+def test_the_pattern_is_deterministic_by_seed(inner, speckled):
+    again = FixedPatternTeacher(inner, "speckle", strength=0.5, seed=7, calibration_views=1)
+    other = FixedPatternTeacher(inner, "speckle", strength=0.5, seed=8, calibration_views=1)
+    assert torch.equal(again.pattern((6, 6)), speckled.pattern((6, 6)))
+    assert not torch.allclose(other.pattern((6, 6)), speckled.pattern((6, 6)))
+
+
+def test_bad_options_are_refused_by_name(inner):
+    with pytest.raises(ValueError, match="kind='stripes'"):
+        FixedPatternTeacher(inner, "stripes", calibration_views=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="init_args.strength must be >= 0"):
+        FixedPatternTeacher(inner, strength=-1.0, calibration_views=1)
