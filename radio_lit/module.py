@@ -49,7 +49,7 @@ from radio_lit.students import Student, StudentOutput
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema, mesa_loss
 from radio_lit.students.heads import summary_token_slots, teacher_heads
-from radio_lit.students.sharding import FSDP2, shard_for_training
+from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_for_training
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 
@@ -100,7 +100,7 @@ class DistillationModule(pl.LightningModule):
         compile: ``torch.compile`` the student and each teacher (``true``, or the keyword
             arguments of ``torch.compile``); radio_lit.compiling.
         fsdp2: how ``ModelParallelStrategy`` shards the student (layout, resharding,
-            prefetching, reduce dtype; radio_lit.students.sharding.FSDP2); ``None``: ``FSDP2()``.
+            prefetching, reduce dtype; radio_lit.students.sharding.FSDP2).
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class DistillationModule(pl.LightningModule):
         damp: DAMP | None = None,
         mesa: MESA | None = None,
         compile: CompileOption = False,
-        fsdp2: FSDP2 | None = None,
+        fsdp2: FSDP2 = DEFAULT_FSDP2,
     ) -> None:
         super().__init__()
         if not teachers:

@@ -81,6 +81,10 @@ class FSDP2:
         )
 
 
+DEFAULT_FSDP2 = FSDP2()
+"""``model.fsdp2``'s default: the student one unit, ZeRO-3 blocks if any, float32 reduce."""
+
+
 def shard_student(
     student: nn.Module, mesh: Any, mp_policy: Any, settings: FSDP2 | None = None
 ) -> None:
