@@ -33,8 +33,8 @@ class FSDP2:
             during the step (ViT-L/16: 0.6 GB of bf16 weights, 0.6 GB of gradients, plus their
             float32 copy while reduced). ``"blocks"``: each transformer block its own unit,
             gathered as it runs (ZeRO-3, the least memory), so σReparam computes each layer's
-            weight as the layer runs (~6x the student's operations at ViT-L: benchmarks/
-            README.md, ``profile_step.py``). ``[choice]`` ``"student"``: a ViT-L to ViT-g
+            weight as the layer runs (~4x the student forward's operations at ViT-L:
+            benchmarks/README.md, ``profile_step.py``). ``[choice]`` ``"student"``: a ViT-L to ViT-g
             student's weights are small beside its teachers and activations.
         reshard_after_forward: ``"blocks"`` only: free each block's gathered weights after its
             forward and gather them again for its backward (ZeRO-3; ``False``: keep them from
