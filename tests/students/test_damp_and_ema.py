@@ -121,6 +121,24 @@ def test_damp_runs_each_linear_once_with_the_earlier_noise(spectral):
         torch.testing.assert_close(grad, expected_grad)
 
 
+def test_a_compiled_student_keeps_one_graph_with_damp():
+    """``model.compile`` with DAMP: the noisy forward is captured once, not per step."""
+    from torch._dynamo.utils import counters
+
+    from radio_lit.students.spectral_reparam import spectral_step
+
+    torch._dynamo.reset()
+    counters.clear()
+    student = tiny_student().train()
+    student.compile(backend="eager")
+    damp = DAMP(std=0.1)
+    for _ in range(3):
+        with spectral_step(student), damp.noise(student):
+            student(torch.randn(1, 3, 32, 32)).features.sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not any(isinstance(m, nn.Linear) and "forward" in vars(m) for m in student.modules())
+
+
 def test_ema_update_is_the_moving_average_and_buffers_follow():
     student, heads = nn.Linear(3, 2), nn.ModuleDict({"t": nn.Linear(2, 2)})
     student.register_buffer("state", torch.zeros(2))
