@@ -86,20 +86,19 @@ DEFAULT_FSDP2 = FSDP2()
 
 
 def shard_student(
-    student: nn.Module, mesh: Any, mp_policy: Any, settings: FSDP2 | None = None
+    student: nn.Module, mesh: Any, mp_policy: Any, settings: FSDP2 = DEFAULT_FSDP2
 ) -> None:
-    """``fully_shard`` the student by ``settings.layout`` (:class:`FSDP2`; default
-    ``FSDP2()``): ``"blocks"`` makes each transformer block (``student.blocks``) a unit first;
-    the student is the root unit of its remaining parameters (CPE ViT: grid ``[G * G, D]``,
-    summary tokens, patch embedding, norms; E-RADIO: convolutional stages, up/downsampling,
-    norms, summary pooling), of all of them under ``"student"``.
+    """``fully_shard`` the student by ``settings.layout`` (:class:`FSDP2`): ``"blocks"`` makes
+    each transformer block (``student.blocks``) a unit first; the student is the root unit of
+    its remaining parameters (CPE ViT: grid ``[G * G, D]``, summary tokens, patch embedding,
+    norms; E-RADIO: convolutional stages, up/downsampling, norms, summary pooling), of all of
+    them under ``"student"``.
 
     Every parameter is sharded on dim 0 over ``mesh``; the CPE grid's dim 0 is ``G * G``, so each
     of ``n`` ranks holds ``ceil(G * G / n)`` rows of it.
     """
     from torch.distributed.fsdp import fully_shard
 
-    settings = settings or FSDP2()
     # FSDP2 shards contiguous parameters only (E-RADIO keeps its convolution weights
     # channels_last; its convolutions then take contiguous weights).
     student.to(memory_format=torch.contiguous_format)
@@ -128,7 +127,7 @@ def shard_for_training(
     extra: nn.Module,
     mesh: Any,
     bf16: bool,
-    settings: FSDP2 | None = None,
+    settings: FSDP2 = DEFAULT_FSDP2,
 ) -> None:
     """``fully_shard`` the student (:func:`shard_student`), every adaptor head and, if it has
     parameters (a learned loss balance), ``extra``; teachers are never passed here.
@@ -140,7 +139,6 @@ def shard_for_training(
     """
     from torch.distributed.fsdp import fully_shard
 
-    settings = settings or FSDP2()
     policy = settings.policy(bf16)
     shard_student(student, mesh, policy, settings)
     for pair in heads:

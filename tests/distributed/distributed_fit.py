@@ -46,7 +46,7 @@ from radio_lit.normalizers import PhiS
 from radio_lit.partitions import Partition
 from radio_lit.students import spectral_reparam
 from radio_lit.students.ema import MESA
-from radio_lit.students.sharding import FSDP2
+from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0
@@ -60,7 +60,7 @@ TIMEOUT_S = 60  # collectives fail after this instead of gloo's 30 minutes
 
 
 def build_module(
-    seed: int = SEED, mesa: MESA | None = None, fsdp2: FSDP2 | None = None
+    seed: int = SEED, mesa: MESA | None = None, fsdp2: FSDP2 = DEFAULT_FSDP2
 ) -> DistillationModule:
     """``tests.builders.tiny_module`` with PHI-S normalizers (tiny CLIP, DINOv2 and SAM
     teachers, SAM without a summary); the same seed builds the same teachers anywhere."""
@@ -171,7 +171,7 @@ def main(kind: str, output: Path) -> None:
     if kind == "partitions":
         module = build_partitioned_module()
     else:
-        layout = FSDP2(layout="blocks") if kind == "fsdp2-blocks" else None
+        layout = FSDP2(layout="blocks") if kind == "fsdp2-blocks" else DEFAULT_FSDP2
         module = build_module(mesa=MESA(decay=0.5) if ema else None, fsdp2=layout)
     spectral_batches: list[int] = []
     computed = spectral_reparam.effective_weights
