@@ -34,7 +34,7 @@ class FSDP2:
             float32 copy while reduced). ``"blocks"``: each transformer block its own unit,
             gathered as it runs (ZeRO-3, the least memory), so σReparam computes each layer's
             weight as the layer runs (~4x the student forward's operations at ViT-L:
-            benchmarks/README.md, ``profile_step.py``). ``[choice]`` ``"student"``: a ViT-L to ViT-g
+            ``benchmarks/student_ops.py``). ``[choice]`` ``"student"``: a ViT-L to ViT-g
             student's weights are small beside its teachers and activations.
         reshard_after_forward: ``"blocks"`` only: free each block's gathered weights after its
             forward and gather them again for its backward (ZeRO-3; ``False``: keep them from
