@@ -338,17 +338,21 @@ def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
 
     Weights to float32 noise (atol 1e-5): AdamW turns the relative gradient differences of
     near-zero gradients (another reduction order) into ~1e-5 weight differences."""
-    ddp, fsdp2 = run("ddp")[0], run("fsdp2")[0]
+    _trained_alike(run("fsdp2")[0], run("ddp")[0], "FSDP2 and DDP")
+
+
+def _trained_alike(actual: dict[str, Any], expected: dict[str, Any], what: str) -> None:
+    """Rank 0's losses (rtol 1e-5) and final weights (rtol 1e-4, atol 1e-5) of two runs."""
     torch.testing.assert_close(
-        torch.tensor(fsdp2["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5, atol=1e-6
+        torch.tensor(actual["losses"]), torch.tensor(expected["losses"]), rtol=1e-5, atol=1e-6
     )
-    for key, value in ddp["weights"][-1].items():
+    for key, value in expected["weights"][-1].items():
         torch.testing.assert_close(
-            fsdp2["weights"][-1][key],
+            actual["weights"][-1][key],
             value,
             rtol=1e-4,
             atol=1e-5,
-            msg=lambda m, k=key: f"FSDP2 and DDP final {k} differ: {m}",
+            msg=lambda m, k=key: f"{what} final {k} differ: {m}",
         )
 
 
@@ -393,15 +397,4 @@ def test_fsdp2_layouts_train_alike(run: Callable[[str], Result]) -> None:
     """A unit per block (σReparam per layer, as the layer runs) and the student as one unit
     (σReparam batched once per step) compute the same losses and updates to float32 noise:
     the same function of the same weights, one power iteration per step either way."""
-    blocks, student = run(BLOCKS)[0], run("fsdp2")[0]
-    torch.testing.assert_close(
-        torch.tensor(student["losses"]), torch.tensor(blocks["losses"]), rtol=1e-5, atol=1e-6
-    )
-    for key, value in blocks["weights"][-1].items():
-        torch.testing.assert_close(
-            student["weights"][-1][key],
-            value,
-            rtol=1e-4,
-            atol=1e-5,
-            msg=lambda m, k=key: f"FSDP2 layouts' final {k} differ: {m}",
-        )
+    _trained_alike(run("fsdp2")[0], run(BLOCKS)[0], "FSDP2 layouts'")
