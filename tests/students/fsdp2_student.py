@@ -23,7 +23,9 @@ shard shapes, and the reference values.
 Tiny CPE ViTs are also sharded under each :class:`radio_lit.students.sharding.FSDP2` setting
 (layout, resharding, prefetching, reduce dtype): each rank writes ``settings_rank{R}.pt`` with
 what FSDP2 holds for each (units, weights gathered after a training forward, prefetch lists,
-the reduce dtype).
+the reduce dtype), and, per σReparam version and layout, a training step of the same batch on
+both ranks inside ``spectral_step`` (features, gathered gradients, refined ``u``) next to an
+unsharded copy's.
 """
 
 from __future__ import annotations
@@ -194,7 +196,40 @@ def _settings(mesh) -> dict:
             "backward_prefetch": [prefetched(b, "backward") for b in student.blocks],
             "reduce_dtype": student._get_fsdp_state()._mp_policy.reduce_dtype,
         }
+    found["steps"] = {v: _layout_steps(mesh, v) for v in (1, 2)}
     return found
+
+
+def _layout_steps(mesh, version: int) -> dict:
+    """A float32 training step of one batch (the same on both ranks, so FSDP2's averaged
+    gradients are the batch's) inside ``spectral_step``, unsharded and under each layout."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from radio_lit.students.sharding import FSDP2, shard_student
+    from radio_lit.students.spectral_reparam import spectral_step
+    from tests.builders import tiny_student
+
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    steps = {}
+    for layout in ("none", "student", "blocks"):
+        torch.manual_seed(0)
+        student = tiny_student(spectral_reparam_version=version).train()
+        if layout != "none":
+            shard_student(student, mesh, MixedPrecisionPolicy(), FSDP2(layout=layout))
+        with spectral_step(student):
+            out = student(images)
+            (out.features.square().mean() + out.summary.square().mean()).backward()
+        qkv = student.blocks[0].attn.qkv
+        steps[layout] = {
+            "features": out.features.detach(),
+            "gradients": {n: _full(p.grad) for n, p in student.named_parameters()},
+            "u": _full(qkv.spectral_u),
+        }
+    return steps
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if _is_dtensor(t) else t
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

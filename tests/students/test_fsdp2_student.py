@@ -119,3 +119,20 @@ def test_fsdp2_settings_reach_fsdp2(settings):
             "reduce_dtype": torch.float32,
         }
         assert found["bf16_reduce"]["reduce_dtype"] == torch.bfloat16
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sigma_reparam_steps_alike_in_every_fsdp2_layout(settings, version):
+    """σReparam (each version) batched once per step in the student layout, layer by layer in
+    the block layout: the features, every gradient (W, bias, the scales) and the refined ``u``
+    of an unsharded step, on both ranks."""
+    for found in settings:
+        steps = found["steps"][version]
+        reference = steps["none"]
+        for layout in ("student", "blocks"):
+            step = steps[layout]
+            torch.testing.assert_close(step["features"], reference["features"], msg=layout)
+            torch.testing.assert_close(step["u"], reference["u"], msg=layout)
+            assert step["gradients"].keys() == reference["gradients"].keys()
+            for name, grad in reference["gradients"].items():
+                torch.testing.assert_close(step["gradients"][name], grad, msg=f"{layout} {name}")
