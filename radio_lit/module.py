@@ -49,7 +49,7 @@ from radio_lit.students import Student, StudentOutput
 from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA, EMAStudent, fill_missing_ema
 from radio_lit.students.heads import summary_token_slots, teacher_heads
-from radio_lit.students.sharding import shard_for_training
+from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_for_training
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 
@@ -59,7 +59,7 @@ NormalizerFactory = Callable[[int], Normalizer]
 #: checkpoints load with torch.load(weights_only=True).
 _NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
 _NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions", "shifts")
-_NOT_HYPERPARAMETERS += ("damp", "mesa")
+_NOT_HYPERPARAMETERS += ("damp", "mesa", "fsdp2")
 
 
 class DistillationModule(pl.LightningModule):
@@ -99,6 +99,8 @@ class DistillationModule(pl.LightningModule):
             radio_lit.students.ema); ``None``: no EMA.
         compile: ``torch.compile`` the student and each teacher (``true``, or the keyword
             arguments of ``torch.compile``); radio_lit.compiling.
+        fsdp2: how ``ModelParallelStrategy`` shards the student (layout, resharding,
+            prefetching, reduce dtype; radio_lit.students.sharding.FSDP2).
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class DistillationModule(pl.LightningModule):
         damp: DAMP | None = None,
         mesa: MESA | None = None,
         compile: CompileOption = False,
+        fsdp2: FSDP2 = DEFAULT_FSDP2,
     ) -> None:
         super().__init__()
         if not teachers:
@@ -169,6 +172,7 @@ class DistillationModule(pl.LightningModule):
             self.student_resolution, self.student_mean, self.student_std, shifts, damp, mesa
         )
         self.compile_option = compile
+        self.fsdp2 = fsdp2
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
@@ -213,11 +217,11 @@ class DistillationModule(pl.LightningModule):
         if self._device_mesh is not None:
             bf16 = str(self.trainer.precision).startswith("bf16")
             mesh = self.device_mesh["data_parallel"]
-            shard_for_training(self.student, self.heads.values(), self.balancer, mesh, bf16)
+            heads, settings = self.heads.values(), self.fsdp2
+            shard_for_training(self.student, heads, self.balancer, mesh, bf16, settings)
             if self.ema is not None:  # sharded alike, so that its update pairs shard with shard
-                shard_for_training(
-                    self.ema.student, self.ema.heads.values(), nn.Module(), mesh, bf16
-                )
+                ema_heads = self.ema.heads.values()
+                shard_for_training(self.ema.student, ema_heads, nn.Module(), mesh, bf16, settings)
         compile_models([self.student, *self.teachers.values()], self.compile_option)
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:

@@ -10,17 +10,23 @@ resumed run draws the same noise.
 
 Composition with σReparam: ``W`` is the weight the layer actually applies, its
 ``effective_weight()`` when it has one (:class:`~radio_lit.students.spectral_reparam.
-SpectralLinear`, ``γ/σ(W) · W``), else ``weight``. A forward hook recomputes the layer's
-output as ``F.linear(x, W ⊙ ξ, b)``; it reads the weight through that public accessor only,
-so σReparam's internals (how and when it computes ``σ``) are untouched, and its power
-iteration never sees noise. ``[choice]`` The cost: each linear layer's product runs twice
-in a noisy forward (the hook replaces the clean output).
+SpectralLinear`, ``γ/σ(W) · W``: inside a training step the step's weight, computed once with
+all layers' by :func:`~radio_lit.students.spectral_reparam.spectral_step`), else ``weight``.
+Inside :meth:`DAMP.noise` each linear layer's forward is ``F.linear(x, W ⊙ ξ, b)`` (an instance
+``forward`` that shadows the class's until the context ends; a compiled student keeps one
+graph across steps): each layer's product runs once, on the noisy weight. It reads the
+weight through that public accessor only, so σReparam's internals (how and when it computes
+``σ``) are untouched, and its power iteration never sees noise. ``[choice]`` ξ is drawn per
+layer as the layer runs (torch's global generator, in the order the layers run), the draws the
+earlier implementation made (a forward hook that recomputed each layer's output after the clean
+one): the same seed gives the same noise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from types import MethodType
 from typing import Any
 
 import torch
@@ -46,25 +52,31 @@ class DAMP:
     @contextmanager
     def noise(self, module: nn.Module) -> Iterator[None]:
         """Every ``nn.Linear`` of ``module`` applies noisy weights inside the context."""
-        handles = [
-            layer.register_forward_hook(self._noisy_output)
-            for layer in module.modules()
-            if isinstance(layer, nn.Linear)
-        ]
+        layers = [layer for layer in module.modules() if isinstance(layer, nn.Linear)]
+        for layer in layers:
+            layer.damp = self
+            layer.forward = MethodType(_noisy_linear, layer)  # (torch.compile: one graph)
         try:
             yield
         finally:
-            for handle in handles:
-                handle.remove()
+            for layer in layers:
+                del layer.forward, layer.damp  # the class's forward again
 
-    def _noisy_output(self, layer: nn.Linear, inputs: tuple[Any, ...], output: Tensor) -> Tensor:
-        effective = getattr(layer, "effective_weight", None)
-        weight = effective() if callable(effective) else layer.weight
+    def apply(self, weight: Tensor) -> Tensor:
+        """``W ⊙ ξ`` for ``weight [out, in]``: ``ξ ~ N(1, σ²)`` per element, a fresh draw."""
         xi = torch.randn(weight.shape, device=weight.device).mul_(self.std).add_(1.0)
-        return F.linear(inputs[0], weight * xi.to(weight.dtype), layer.bias)
+        return weight * xi.to(weight.dtype)
 
     def __repr__(self) -> str:
         return f"DAMP(std={self.std})"
+
+
+def _noisy_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    """A linear layer's forward under :meth:`DAMP.noise`, ``[..., in] -> [..., out]``:
+    ``F.linear(x, W ⊙ ξ, b)``, ``W`` the weight it applies (σReparam's effective weight)."""
+    effective = getattr(layer, "effective_weight", None)
+    weight = effective() if callable(effective) else layer.weight
+    return F.linear(x, layer.damp.apply(weight), layer.bias)
 
 
 def weight_noise(damp: DAMP | None, module: nn.Module, training: bool) -> Any:

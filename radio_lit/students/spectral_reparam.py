@@ -9,8 +9,10 @@ running several teacher partitions), and the estimate must not depend on how a s
 split across ranks. :func:`spectral_step` (the scope of a training step) runs that iteration and
 computes the effective weights of all layers together, once per step, in a few batched
 operations (per layer and per forward, σReparam made the student's forward dispatch
-9x the operations of a plain ViT); under FSDP2 each layer does it on its next training forward,
-where FSDP2 has gathered its weight (:func:`request_power_iteration`).
+9x the operations of a plain ViT); under FSDP2 this needs every layer's weight gathered at
+the step's first forward (the student one FSDP2 unit: :class:`~radio_lit.students.sharding.
+FSDP2`), else each layer does it on its next training forward, where FSDP2 has gathered its
+weight (:func:`request_power_iteration`).
 AM-RADIO 4 ("High-Resolution ViT Student") and PHI-S A.7 apply it to the
 student for all training stages, and PHI-S A.7 puts weight decay on the scale "to encourage
 the spectral norm to be small" — hence :data:`SPECTRAL_SCALE`, the parameter-name suffix the
@@ -111,9 +113,11 @@ def spectral_step(module: nn.Module) -> Iterator[None]:
     forward of the step (a rank running several partitions). Leaving the scope forgets them:
     the next step (after the optimizer's update) computes new ones.
 
-    [choice] Under FSDP2 the other blocks' weights are sharded while one block runs, so each
-    layer computes its own effective weight at each forward (as outside this scope), with one
-    power iteration on its first forward of the step.
+    Under FSDP2 with the student as one unit (``model.fsdp2.layout: student``) every weight
+    is gathered when the first forward asks; with a unit per block (``blocks``) the other
+    blocks' weights are still shards then, so each layer computes its own effective weight at
+    each forward (as outside this scope), with one power iteration on its first forward of
+    the step. Either way the same function of the same weights.
     """
     layers = [m for m in module.modules() if isinstance(m, SpectralLinear)]
     request_power_iteration(module)
@@ -132,11 +136,13 @@ class _Step:
 
     def __init__(self, layers: list[SpectralLinear]) -> None:
         self.layers = layers
-        self.batched = not any(_is_sharded(layer.weight) for layer in layers)
+        self.batched: bool | None = None  # known at the first request (FSDP2 gathers then)
         self.weights: dict[nn.Module, Tensor] = {}
         self.with_grad = False
 
     def weight(self, layer: SpectralLinear) -> Tensor:
+        if self.batched is None:
+            self.batched = not any(_is_sharded(other.weight) for other in self.layers)
         if not self.batched:
             return effective_weights([layer])[0]
         if not self.weights or (torch.is_grad_enabled() and not self.with_grad):

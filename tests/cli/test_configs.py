@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from radio_lit.cli import RadioLitCLI, main
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.partitions import Partition, PartitionPlan
+from radio_lit.students.sharding import FSDP2
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -104,6 +106,10 @@ def test_every_recipe_places_its_batch_on_its_gpus(path, capsys):
     if raw["class_path"].endswith("ModelParallelStrategy"):  # FSDP2: same calls on every rank
         assert raw["init_args"]["data_parallel_size"] == world
         assert len({plan.members[n] for n in plan.partitions}) == 1
+        # every FSDP2 setting stated; the student one unit (σReparam batched once per step)
+        stated = yaml.safe_load(Path(path).read_text())["model"]["fsdp2"]
+        assert stated.keys() == {f.name for f in dataclasses.fields(FSDP2)}
+        assert FSDP2(**model["fsdp2"]) == FSDP2(layout="student", reduce_dtype="float32")
     else:  # DDP keeps each rank's statistics (no buffer broadcast)
         assert raw == {
             "class_path": "lightning.pytorch.strategies.DDPStrategy",

@@ -55,6 +55,14 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.logger", "false"],
         ["trainer:", "LearningRateMonitor", "no logger"],
     ),
+    "unknown FSDP2 layout": (
+        [*FIT, "--model.fsdp2.layout", "block"],
+        ["model.fsdp2.layout", "'student', 'blocks'", "block"],
+    ),
+    "FSDP2 prefetching no block": (
+        [*FIT, "--model.fsdp2.prefetch", "0"],
+        ["model.fsdp2.prefetch", "must be >= 1", "got 0"],
+    ),
     "negative shift spread": (
         [*FIT, "--model.shifts", "radio_lit.shifts.PatchShifts", "--model.shifts.std", "-1"],
         ["model.shifts.init_args", "std (-1.0)", "must be >= 0"],

@@ -7,11 +7,13 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
 ``_SubprocessScriptLauncher``, DESIGN.md "Distributed rules")::
 
     PYTHONPATH=<repo root> MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> \\
-        python tests/distributed/distributed_fit.py {ddp|fsdp2|partitions}[-ema] OUTPUT_DIR
+        python tests/distributed/distributed_fit.py {ddp|fsdp2|fsdp2-blocks|partitions}[-ema] OUT
 
 - ``ddp``: ``DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)``;
 - ``fsdp2``: ``ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)``, so that
-  :meth:`DistillationModule.configure_model` shards the student and heads with ``fully_shard``;
+  :meth:`DistillationModule.configure_model` shards the student and heads with ``fully_shard``
+  (the student one FSDP2 unit, ``FSDP2()``'s layout);
+- ``fsdp2-blocks``: ``fsdp2`` with a unit per student block (``FSDP2(layout="blocks")``);
 - ``partitions``: DDP as above with two partitions (:func:`build_partitioned_module`), one per
   rank;
 - ``<kind>-ema``: ``<kind>`` with an EMA student and its MESA term (``MESA(decay=0.5)``), whose
@@ -20,7 +22,9 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
 Tiny CLIP, DINOv2 and SAM teachers, a tiny CPE ViT student, PHI-S normalizers,
 ``TeacherStatsEstimation(steps=3, refit_every=1)``, ``FreezeBody(steps=2)``, ``MAX_STEPS``
 optimizer steps on synthetic images. Each rank writes ``rank{R}.pt`` (see
-:class:`Recorder`) and then waits at a barrier, so both files exist when rank 0 exits.
+:class:`Recorder`; ``spectral_batches``: how many σReparam layers each computation of
+effective weights took together) and then waits at a barrier, so both files exist when rank 0
+exits.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.partitions import Partition
+from radio_lit.students import spectral_reparam
 from radio_lit.students.ema import MESA
+from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0
@@ -53,11 +59,13 @@ CROP_SIZE = 64
 TIMEOUT_S = 60  # collectives fail after this instead of gloo's 30 minutes
 
 
-def build_module(seed: int = SEED, mesa: MESA | None = None) -> DistillationModule:
+def build_module(
+    seed: int = SEED, mesa: MESA | None = None, fsdp2: FSDP2 = DEFAULT_FSDP2
+) -> DistillationModule:
     """``tests.builders.tiny_module`` with PHI-S normalizers (tiny CLIP, DINOv2 and SAM
     teachers, SAM without a summary); the same seed builds the same teachers anywhere."""
     torch.manual_seed(seed)
-    return tiny_module(normalizer=PhiS, mesa=mesa)
+    return tiny_module(normalizer=PhiS, mesa=mesa, fsdp2=fsdp2)
 
 
 #: Two partitions, one per rank on 2 ranks: DINOv2 is in both (its statistics pool both
@@ -150,7 +158,7 @@ def main(kind: str, output: Path) -> None:
         strategy = DDPStrategy(
             process_group_backend="gloo", broadcast_buffers=False, timeout=timeout
         )
-    elif kind == "fsdp2":
+    elif kind in ("fsdp2", "fsdp2-blocks"):
         strategy = ModelParallelStrategy(
             data_parallel_size=2,
             tensor_parallel_size=1,
@@ -158,12 +166,21 @@ def main(kind: str, output: Path) -> None:
             timeout=timeout,
         )
     else:
-        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2 or partitions[-ema]")
+        raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2[-blocks] or partitions[-ema]")
 
     if kind == "partitions":
         module = build_partitioned_module()
     else:
-        module = build_module(mesa=MESA(decay=0.5) if ema else None)
+        layout = FSDP2(layout="blocks") if kind == "fsdp2-blocks" else DEFAULT_FSDP2
+        module = build_module(mesa=MESA(decay=0.5) if ema else None, fsdp2=layout)
+    spectral_batches: list[int] = []
+    computed = spectral_reparam.effective_weights
+
+    def counted(layers: list[Any]) -> list[Tensor]:
+        spectral_batches.append(len(layers))
+        return computed(layers)
+
+    spectral_reparam.effective_weights = counted
     recorder = Recorder()
     trainer = cpu_trainer(
         output,
@@ -189,6 +206,7 @@ def main(kind: str, output: Path) -> None:
     result = {
         "ema": ema_weights,
         "batches": recorder.batches,
+        "spectral_batches": spectral_batches,
         "losses": recorder.losses,
         "weights": recorder.weights,
         "requires_grad": recorder.requires_grad,

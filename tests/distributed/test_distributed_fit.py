@@ -30,6 +30,7 @@ pytestmark = pytest.mark.distributed
 RUN_TIMEOUT_S = 300  # both runs together take ~20 s on 2 busy cores
 KINDS = ("ddp", "fsdp2")
 EMA_KINDS = ("ddp-ema", "fsdp2-ema")  # with an EMA student and MESA (C-RADIOv4 report 2.3.2)
+BLOCKS = "fsdp2-blocks"  # FSDP2 with a unit per student block (model.fsdp2.layout: blocks)
 # Inherited variables that would make Lightning pick another cluster environment or
 # override Trainer arguments.
 _FOREIGN_ENV_PREFIXES = (
@@ -146,7 +147,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Re
     import everything, the other run uses the core, which makes the pair ~30% faster.
     """
     launches = {
-        kind: _Launch.start(kind, tmp_path_factory.mktemp(kind)) for kind in KINDS + EMA_KINDS
+        kind: _Launch.start(kind, tmp_path_factory.mktemp(kind))
+        for kind in (*KINDS, *EMA_KINDS, BLOCKS)
     }
     results: dict[str, Result | BaseException] = {}
 
@@ -334,20 +336,23 @@ def test_fsdp2_shards_only_the_student_and_heads(
 def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
     """Same data, seeds and steps: FSDP2's reduce-scatter gives DDP's all-reduced update.
 
-    Weights to float32 noise (atol 1e-5): under DDP σReparam computes all layers' effective
-    weights in one batch, under FSDP2 layer by layer (``spectral_step``), and AdamW turns the
-    ~1e-5 relative gradient differences of near-zero gradients into ~1e-5 weight differences."""
-    ddp, fsdp2 = run("ddp")[0], run("fsdp2")[0]
+    Weights to float32 noise (atol 1e-5): AdamW turns the relative gradient differences of
+    near-zero gradients (another reduction order) into ~1e-5 weight differences."""
+    _trained_alike(run("fsdp2")[0], run("ddp")[0], "FSDP2 and DDP")
+
+
+def _trained_alike(actual: dict[str, Any], expected: dict[str, Any], what: str) -> None:
+    """Rank 0's losses (rtol 1e-5) and final weights (rtol 1e-4, atol 1e-5) of two runs."""
     torch.testing.assert_close(
-        torch.tensor(fsdp2["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5, atol=1e-6
+        torch.tensor(actual["losses"]), torch.tensor(expected["losses"]), rtol=1e-5, atol=1e-6
     )
-    for key, value in ddp["weights"][-1].items():
+    for key, value in expected["weights"][-1].items():
         torch.testing.assert_close(
-            fsdp2["weights"][-1][key],
+            actual["weights"][-1][key],
             value,
             rtol=1e-4,
             atol=1e-5,
-            msg=lambda m, k=key: f"FSDP2 and DDP final {k} differ: {m}",
+            msg=lambda m, k=key: f"{what} final {k} differ: {m}",
         )
 
 
@@ -371,3 +376,25 @@ def test_the_ema_student_under_fsdp2_follows_as_under_ddp(run: Callable[[str], R
             )
     student = ddp[0]["weights"][-1]["student.patch_embed.proj.weight"]
     assert not torch.equal(ddp[0]["ema"]["student.patch_embed.proj.weight"], student)
+
+
+def test_fsdp2_computes_the_sigma_reparam_weights_of_a_step_together(
+    run: Callable[[str], Result],
+) -> None:
+    """The student as one FSDP2 unit (the default ``model.fsdp2.layout: student``): every
+    σReparam layer's effective weight computed in one batch per step, as under DDP (the
+    student's 2 blocks: qkv, proj, fc1, fc2 each); with a unit per block, each layer's as it
+    runs."""
+    layers = 8
+    for kind in ("ddp", "fsdp2"):
+        for rank, result in enumerate(run(kind)):
+            assert result["spectral_batches"] == [layers] * fit.MAX_STEPS, f"{kind} rank {rank}"
+    for rank, result in enumerate(run(BLOCKS)):
+        assert result["spectral_batches"] == [1] * (layers * fit.MAX_STEPS), f"rank {rank}"
+
+
+def test_fsdp2_layouts_train_alike(run: Callable[[str], Result]) -> None:
+    """A unit per block (σReparam per layer, as the layer runs) and the student as one unit
+    (σReparam batched once per step) compute the same losses and updates to float32 noise:
+    the same function of the same weights, one power iteration per step either way."""
+    _trained_alike(run("fsdp2")[0], run(BLOCKS)[0], "FSDP2 layouts'")

@@ -19,6 +19,13 @@ run the same step on each half (gradients averaged, as FSDP2 reduces them). Batc
 are neither sharded nor synchronized: each rank's running statistics are those of its own
 batches. Each rank writes ``eradio_rank{R}.pt`` with its outputs, the gathered gradients, local
 shard shapes, and the reference values.
+
+Tiny CPE ViTs are also sharded under each :class:`radio_lit.students.sharding.FSDP2` setting
+(layout, resharding, prefetching, reduce dtype): each rank writes ``settings_rank{R}.pt`` with
+what FSDP2 holds for each (units, weights gathered after a training forward, prefetch lists,
+the reduce dtype), and, per σReparam version and layout, a training step of the same batch on
+both ranks inside ``spectral_step`` (features, gathered gradients, refined ``u``) next to an
+unsharded copy's.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def run_rank(rank: int, port: int, output: str) -> None:
     }
     torch.save(result, Path(output) / f"rank{rank}.pt")
     torch.save(_eradio(rank, mesh), Path(output) / f"eradio_rank{rank}.pt")
+    torch.save(_settings(mesh), Path(output) / f"settings_rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -144,6 +152,90 @@ def _eradio(rank: int, mesh) -> dict:
         "expected_summary": expected.summary,
         "running_mean": student.stem[0].bn.running_mean,
     }
+
+
+#: FSDP2 settings of :func:`_settings`, by name.
+SETTINGS = {
+    "default": {},
+    "blocks": dict(layout="blocks"),
+    "zero2": dict(layout="blocks", reshard_after_forward=False, prefetch=2),
+    "bf16_reduce": dict(reduce_dtype="bfloat16"),
+}
+
+
+def _settings(mesh) -> dict:
+    """Per :data:`SETTINGS` entry, a tiny 3-block CPE ViT sharded by ``shard_for_training``
+    under a bf16 policy: which modules are FSDP2 units, whether each block's weights are still
+    gathered after a training forward, each block's forward/backward prefetch list (block
+    indices), the student's reduce dtype."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from radio_lit.students.sharding import FSDP2, shard_for_training
+    from tests.builders import tiny_student
+
+    found = {}
+    for name, options in SETTINGS.items():
+        torch.manual_seed(0)
+        student = tiny_student(model_kwargs=dict(depth=3, embed_dim=32, num_heads=2))
+        shard_for_training(student, [], torch.nn.Module(), mesh, True, FSDP2(**options))
+        student.train()(torch.randn(1, 3, 32, 32))
+        index = {block: i for i, block in enumerate(student.blocks)}
+
+        def prefetched(block, direction, index=index):
+            if not isinstance(block, FSDPModule):
+                return None
+            states = getattr(block._get_fsdp_state(), f"_states_to_{direction}_prefetch")
+            return [index[s._modules[0]] for s in states]
+
+        found[name] = {
+            "units": [
+                n or "student" for n, m in student.named_modules() if isinstance(m, FSDPModule)
+            ],
+            "gathered": [not _is_dtensor(b.mlp.fc1.weight) for b in student.blocks],
+            "forward_prefetch": [prefetched(b, "forward") for b in student.blocks],
+            "backward_prefetch": [prefetched(b, "backward") for b in student.blocks],
+            "reduce_dtype": student._get_fsdp_state()._mp_policy.reduce_dtype,
+        }
+    found["steps"] = {v: _layout_steps(mesh, v) for v in (1, 2)}
+    return found
+
+
+def _layout_steps(mesh, version: int) -> dict:
+    """A float32 training step of one batch (the same on both ranks, so FSDP2's averaged
+    gradients are the batch's) inside ``spectral_step``, unsharded and under each layout."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from radio_lit.students.sharding import FSDP2, shard_student
+    from radio_lit.students.spectral_reparam import spectral_step
+    from tests.builders import tiny_student
+
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    steps = {}
+    for layout in ("none", "student", "blocks"):
+        torch.manual_seed(0)
+        student = tiny_student(spectral_reparam_version=version).train()
+        if layout != "none":
+            shard_student(student, mesh, MixedPrecisionPolicy(), FSDP2(layout=layout))
+        with spectral_step(student):
+            out = student(images)
+            (out.features.square().mean() + out.summary.square().mean()).backward()
+        qkv = student.blocks[0].attn.qkv
+        steps[layout] = {
+            "features": out.features.detach(),
+            "gradients": {n: _full(p.grad) for n, p in student.named_parameters()},
+            "u": _full(qkv.spectral_u),
+        }
+    return steps
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if _is_dtensor(t) else t
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def free_port() -> int:

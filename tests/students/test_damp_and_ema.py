@@ -3,16 +3,21 @@ MESA (report 2.3.2), as the papers define them."""
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
+from contextlib import nullcontext
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from radio_lit.shifts import PatchShifts
 from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
 from radio_lit.students.spectral_reparam import SpectralLinear
-from tests.builders import cpu_trainer, image_batches, tiny_module
+from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 
 
 @pytest.mark.parametrize("layer_type", ["linear", "spectral"])
@@ -57,6 +62,81 @@ def test_damp_is_on_in_training_forwards_only():
     torch.manual_seed(0)
     assert torch.equal(first, module.run_student(crop).features)  # the step's random state
     assert not torch.equal(first, module.run_student(crop).features)
+
+
+def _hook_noise(damp: DAMP, module: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+    """The earlier DAMP, as reference: a forward hook that recomputed each linear layer's
+    output as ``F.linear(x, W ⊙ ξ, b)`` after the clean one."""
+
+    def noisy(layer: nn.Linear, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
+        effective = getattr(layer, "effective_weight", None)
+        weight = effective() if callable(effective) else layer.weight
+        xi = torch.randn(weight.shape, device=weight.device).mul_(damp.std).add_(1.0)
+        return F.linear(inputs[0], weight * xi.to(weight.dtype), layer.bias)
+
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    return [layer.register_forward_hook(noisy) for layer in linears]
+
+
+_PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm")
+
+
+@pytest.mark.parametrize("spectral", [True, False])
+def test_damp_runs_each_linear_once_with_the_earlier_noise(spectral):
+    """A training forward with DAMP runs as many matrix products as one without (each linear
+    layer's once, on ``W ⊙ ξ``; σReparam's weights once per step), and for the same seed
+    gives what the earlier forward hook gave (the same ξ, drawn in the same order), in
+    σReparam's training step and on plain linear layers; gradients reach W and the scales."""
+    from benchmarks.dispatch import count_operations
+    from radio_lit.students.spectral_reparam import spectral_step
+
+    torch.manual_seed(0)
+    student = tiny_student(spectral_reparam=spectral).train()
+    images, damp = torch.randn(2, 3, 64, 64), DAMP(std=0.2)
+    start = copy.deepcopy(student.state_dict())  # each step refines σReparam's u, v
+
+    def products(noise: Any) -> tuple[Counter[str], Tensor, list[Tensor]]:
+        student.load_state_dict(start)
+        student.zero_grad()
+        torch.manual_seed(3)
+        with spectral_step(student), noise:
+            out, count = count_operations(lambda: student(images).features)
+            out.square().mean().backward()
+        grads = [p.grad.clone() for p in student.parameters()]
+        return Counter({n: count.by_name[n] for n in _PRODUCTS}), out, grads
+
+    clean, _, _ = products(nullcontext())
+    noisy, out, grads = products(damp.noise(student))
+    handles = _hook_noise(damp, student)
+    try:
+        hooked, expected, expected_grads = products(nullcontext())
+    finally:
+        for handle in handles:
+            handle.remove()
+    linears = sum(isinstance(m, nn.Linear) for m in student.modules())
+    assert noisy == clean and noisy["aten::linear"] == linears
+    assert hooked["aten::linear"] == 2 * linears  # the hook's second product per layer
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def test_a_compiled_student_keeps_one_graph_with_damp():
+    """``model.compile`` with DAMP: the noisy forward is captured once, not per step."""
+    from torch._dynamo.utils import counters
+
+    from radio_lit.students.spectral_reparam import spectral_step
+
+    torch._dynamo.reset()
+    counters.clear()
+    student = tiny_student().train()
+    student.compile(backend="eager")
+    damp = DAMP(std=0.1)
+    for _ in range(3):
+        with spectral_step(student), damp.noise(student):
+            student(torch.randn(1, 3, 32, 32)).features.sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not any(isinstance(m, nn.Linear) and "forward" in vars(m) for m in student.modules())
 
 
 def test_ema_update_is_the_moving_average_and_buffers_follow():

@@ -1,6 +1,7 @@
 """The students under FSDP2 on 2 CPU/gloo ranks (runs ``fsdp2_student.py``): a sharded CPE
 grid, float32 CPE sampling under a bf16 parameter policy, σReparam state names; E-RADIO with
-every parameter sharded, gradients equal to an unsharded run's, BatchNorm statistics per rank."""
+every parameter sharded, gradients equal to an unsharded run's, BatchNorm statistics per rank;
+each ``model.fsdp2`` setting as FSDP2 holds it."""
 
 from __future__ import annotations
 
@@ -85,3 +86,53 @@ def test_eradio_batchnorm_running_statistics_are_per_rank(eradio_ranks):
     for result in eradio_ranks:  # eval uses this rank's own statistics
         torch.testing.assert_close(result["features"], result["expected_features"])
         torch.testing.assert_close(result["summary"], result["expected_summary"])
+
+
+@pytest.fixture(scope="module")
+def settings(run: Path) -> list[dict]:
+    return [torch.load(run / f"settings_rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_fsdp2_settings_reach_fsdp2(settings):
+    """``model.fsdp2`` (radio_lit.students.sharding.FSDP2): the layout makes the units; a
+    block's weights are freed after its forward (ZeRO-3) unless ``reshard_after_forward`` is
+    false; ``prefetch`` blocks are gathered ahead in forward and behind in backward; the
+    gradients are reduced in ``reduce_dtype``. The student, FSDP2's root, keeps its own
+    weights gathered after the forward, for the backward."""
+    blocks = ["student", "blocks.0", "blocks.1", "blocks.2"]
+    for found in settings:
+        assert found["default"] == {
+            "units": ["student"],
+            "gathered": [True] * 3,
+            "forward_prefetch": [None] * 3,
+            "backward_prefetch": [None] * 3,
+            "reduce_dtype": torch.float32,
+        }
+        assert found["blocks"]["units"] == blocks
+        assert found["blocks"]["gathered"] == [False] * 3
+        assert found["blocks"]["forward_prefetch"] == [[]] * 3  # FSDP2's own overlap
+        assert found["zero2"] == {
+            "units": blocks,
+            "gathered": [True] * 3,
+            "forward_prefetch": [[1, 2], [2], []],
+            "backward_prefetch": [[], [0], [1, 0]],
+            "reduce_dtype": torch.float32,
+        }
+        assert found["bf16_reduce"]["reduce_dtype"] == torch.bfloat16
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sigma_reparam_steps_alike_in_every_fsdp2_layout(settings, version):
+    """σReparam (each version) batched once per step in the student layout, layer by layer in
+    the block layout: the features, every gradient (W, bias, the scales) and the refined ``u``
+    of an unsharded step, on both ranks."""
+    for found in settings:
+        steps = found["steps"][version]
+        reference = steps["none"]
+        for layout in ("student", "blocks"):
+            step = steps[layout]
+            torch.testing.assert_close(step["features"], reference["features"], msg=layout)
+            torch.testing.assert_close(step["u"], reference["u"], msg=layout)
+            assert step["gradients"].keys() == reference["gradients"].keys()
+            for name, grad in reference["gradients"].items():
+                torch.testing.assert_close(step["gradients"][name], grad, msg=f"{layout} {name}")
