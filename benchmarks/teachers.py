@@ -28,6 +28,11 @@
     python benchmarks/teachers.py --depth 2                      # ~6 min on 2 CPU cores
     python benchmarks/teachers.py --device cuda --dtype bfloat16 --batch-size 8
     python benchmarks/teachers.py --skip-build --families sam3   # one family
+    python benchmarks/teachers.py --skip-build --depth 2 --channels-last   # teachers' option
+
+The forward part also counts the forward's top-level aten operations and, among them, the
+layout copies (``contiguous``, ``clone``, ``copy_``, ``_to_copy``) that ``channels_last``
+should remove around convolutions.
 """
 
 from __future__ import annotations
@@ -38,10 +43,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.dispatch import count_operations  # noqa: E402
+
 BIG = "vit_giant_patch14_reg4_dinov2"
 
 #: Hiera-L (SAM2.1 hiera_large): Sam2VisionConfig's backbone overrides.
@@ -61,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--channels-last", action="store_true", help="teachers' channels_last")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per family")
     parser.add_argument("--depth", type=int, default=None, help="blocks per model (CPU runs)")
@@ -160,13 +171,15 @@ def build_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 # -- 2. one forward per family ---------------------------------------------------------------
-def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teacher
+def family(name: str, depth: int | None, dtype: str, channels_last: bool = False):  # noqa: ANN201
+    """The teacher of family ``name`` (a Teacher), random weights."""
     from radio_lit.teachers import DINOv3Teacher, SAM2Teacher, SAM3Teacher, TimmTeacher
 
     blocks = {} if depth is None else {"depth": depth}
+    options = {"dtype": dtype, "channels_last": channels_last}
     if name == "siglip2":
         return TimmTeacher(
-            "vit_giantopt_patch16_siglip_384", pretrained=False, model_kwargs=blocks, dtype=dtype
+            "vit_giantopt_patch16_siglip_384", pretrained=False, model_kwargs=blocks, **options
         )
     if name == "dinov3":
         return DINOv3Teacher(
@@ -174,7 +187,7 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             pretrained=False,
             resolution=256,
             model_kwargs=blocks,
-            dtype=dtype,
+            **options,
         )
     if name == "sam2":
         hiera = dict(HIERA_L)
@@ -186,7 +199,7 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             "sam2_vision_model",
             pretrained=False,
             model_kwargs={"backbone_config": hiera},
-            dtype=dtype,
+            **options,
         )
     if name == "sam3":
         vit: dict[str, Any] = {"model_type": "sam3_vit_model"}
@@ -196,9 +209,13 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             "sam3_vision_model",
             pretrained=False,
             model_kwargs={"backbone_config": vit},
-            dtype=dtype,
+            **options,
         )
     raise ValueError(f"unknown family {name!r}")
+
+
+#: Operations that copy a tensor into another memory layout.
+_LAYOUT_COPIES = ("aten::contiguous", "aten::clone", "aten::copy_", "aten::_to_copy")
 
 
 def _forward(teacher: Any, crop: Any, cuda: bool) -> None:
@@ -216,7 +233,8 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in args.families:
         torch.manual_seed(0)
         with torch.device(args.device):  # random initialization where the model runs
-            teacher = family(name, args.depth, None if args.dtype == "float32" else args.dtype)
+            dtype = None if args.dtype == "float32" else args.dtype
+            teacher = family(name, args.depth, dtype, args.channels_last)
         teacher.to(args.device)
         params = sum(p.numel() for p in teacher.parameters())
         side = teacher.resolution
@@ -224,7 +242,7 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
         cuda = args.device.startswith("cuda")
 
         with torch.inference_mode():
-            _forward(teacher, crop, cuda)  # warm-up
+            _, operations = count_operations(partial(_forward, teacher, crop, cuda))  # warm-up
             start = time.perf_counter()
             for _ in range(args.repeats):
                 _forward(teacher, crop, cuda)
@@ -236,6 +254,8 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "resolution": side,
                 "features": teacher.feature_dim,
                 "img_s": args.batch_size / seconds,
+                "ops": operations.top_level,
+                "copies": sum(operations.by_name[op] for op in _LAYOUT_COPIES),
             }
         )
         del teacher
@@ -275,13 +295,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.families:
         return
     rows = forward_part(args)
-    print(f"\none forward per family (batch {args.batch_size}, {args.dtype})")
-    print("| family | parameters | resolution | feature width | img/s |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    layout = ", channels-last" if args.channels_last else ""
+    print(f"\none forward per family (batch {args.batch_size}, {args.dtype}{layout})")
+    print("| family | parameters | resolution | feature width | img/s | top-level ops | copies |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
             f"| {row['family']} | {row['params_m']:.0f} M | {row['resolution']} px "
-            f"| {row['features']} | {row['img_s']:.2f} |"
+            f"| {row['features']} | {row['img_s']:.2f} | {row['ops']} | {row['copies']} |"
         )
 
 
