@@ -176,9 +176,14 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 
 def _asking_frame() -> str:
-    """``file:line`` of the innermost frame outside torch itself."""
+    """``file:line`` of the innermost frame outside torch itself (torch.optim counts as
+    asking: its step counts)."""
     frames = [(f.filename.replace("\\", "/"), f.lineno) for f in traceback.extract_stack()]
-    ours = [f for f in frames if "/site-packages/torch/" not in f[0] and f[0] != __file__]
+    ours = [
+        (path, line)
+        for path, line in frames
+        if ("/site-packages/torch/" not in path or "/torch/optim/" in path) and path != __file__
+    ]
     path, line = (ours or frames)[-1]
     short = path.rsplit("/site-packages/", 1)[-1]
     if "/radio_lit/" in short:

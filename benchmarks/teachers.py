@@ -29,6 +29,13 @@
     python benchmarks/teachers.py --device cuda --dtype bfloat16 --batch-size 8
     python benchmarks/teachers.py --skip-build --families sam3   # one family
     python benchmarks/teachers.py --skip-build --depth 2 --channels-last   # teachers' option
+    python benchmarks/teachers.py --skip-build --depth 4 --precision  # bf16 against float32
+
+``--precision`` compares, per family and on the same random weights and crops, the features
+of the float32 teacher (the reference) with those of the float32 teacher under bf16 autocast
+(what a ``bf16-mixed`` run does with a float32 teacher) and of the teacher held in bfloat16
+under the same autocast (``dtype: bfloat16``, the stage recipes' setting): relative L2 error
+and the mean cosine per token, and the autocast casts (``aten::_to_copy``) each forward makes.
 
 The forward part also counts the forward's top-level aten operations and, among them, the
 layout copies (``contiguous``, ``clone``, ``copy_``, ``_to_copy``) that ``channels_last``
@@ -82,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="families of the forward part (none: build part only)",
     )
     parser.add_argument("--skip-build", action="store_true", help="no build + load part")
+    parser.add_argument("--precision", action="store_true", help="bf16 against float32 part")
     parser.add_argument("--build-model", default=BIG, help="timm model of the build part")
     parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)  # path, file, device
     return parser.parse_args(argv)
@@ -262,6 +270,42 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def precision_part(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per family: the features of a float32 teacher under bf16 autocast and of the same
+    teacher held in bfloat16, each against the float32 teacher's."""
+    import torch
+
+    rows = []
+    for name in args.families:
+        torch.manual_seed(0)
+        full = family(name, args.depth, None).to(args.device)
+        half = family(name, args.depth, "bfloat16").to(args.device)
+        half.model.load_state_dict(full.model.state_dict())  # the same weights, rounded
+        side = full.resolution
+        crop = torch.rand(args.batch_size, 3, side, side, device=args.device)
+        device_type = torch.device(args.device).type
+        with torch.inference_mode():
+            reference = full(crop).features
+            for label, teacher in (("float32 under autocast", full), ("bfloat16", half)):
+                with torch.autocast(device_type, dtype=torch.bfloat16):
+                    _, ops = count_operations(partial(teacher, crop))
+                    features = teacher(crop).features
+                error = (features - reference).norm() / reference.norm()
+                cosine = torch.nn.functional.cosine_similarity(features, reference, dim=-1)
+                casts = ops.by_name["aten::_to_copy"]
+                rows.append(
+                    {
+                        "family": name,
+                        "teacher": label,
+                        "error": float(error),
+                        "cosine": float(cosine.mean()),
+                        "casts": casts,
+                    }
+                )
+        del full, half
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args._child:
@@ -293,6 +337,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{plain['weights_mib'] / 1024:.2f} GiB"
         )
     if not args.families:
+        return
+    if args.precision:
+        print(f"\nfeatures against the float32 teacher's (batch {args.batch_size}, bf16 autocast)")
+        print("| family | teacher | relative L2 error | mean cosine | casts per forward |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for row in precision_part(args):
+            print(
+                f"| {row['family']} | {row['teacher']} | {row['error']:.2e} "
+                f"| {row['cosine']:.5f} | {row['casts']} |"
+            )
         return
     rows = forward_part(args)
     layout = ", channels-last" if args.channels_last else ""
