@@ -15,7 +15,8 @@ Shards are written once into a temporary folder from those files (the same bytes
 Printed:
 
 * per image, in this process: decode (``load_rgb``), the random-resized crop, the conversion to
-  a tensor (medians over ``--images`` draws);
+  a tensor, and the training path that decodes a large JPEG at a reduced scale
+  (``RandomResizedCrop.read``), interleaved (medians over ``--images`` draws);
 * through the real training DataLoader (``train_dataloader()``: torchdata's
   ``StatefulDataLoader``, workers, collation), for each ``--workers`` count: images/s after
   ``--warmup`` batches, the median of ``--repeats`` runs, and the workers one GPU would need for
@@ -96,7 +97,9 @@ def write_shards(images: Path, folder: Path, copies: int) -> str:
 
 
 def per_image_ms(images: Path, crop_size: int, draws: int) -> dict[str, float]:
-    """Median milliseconds per image of decode, crop and tensor conversion (this process)."""
+    """Median milliseconds per image (this process) of decode, crop and tensor conversion
+    done one after the other, and of the training path that decodes at a reduced scale
+    (``RandomResizedCrop.read``), interleaved draw by draw so that both see the same load."""
     import torch
     from torchvision.transforms import v2
 
@@ -104,23 +107,27 @@ def per_image_ms(images: Path, crop_size: int, draws: int) -> dict[str, float]:
     from radio_lit.data.transforms import load_rgb, train_transform
 
     paths = list_images(images)
-    crop = train_transform(crop_size).transforms[0]  # type: ignore[attr-defined]
-    to_tensor = v2.PILToTensor()
-    times: dict[str, list[float]] = {"decode": [], "crop": [], "to tensor": []}
+    transform = train_transform(crop_size)
+    crop, to_tensor = transform.crop, v2.PILToTensor()
+    times: dict[str, list[float]] = {"decode": [], "crop": [], "to tensor": [], "read": []}
     torch.manual_seed(0)
     for draw in range(draws):
+        path = paths[draw % len(paths)]
         start = time.perf_counter()
-        image = load_rgb(paths[draw % len(paths)])
+        image = load_rgb(path)
         decoded = time.perf_counter()
         cropped = crop(image)
         cropped_at = time.perf_counter()
         to_tensor(cropped)
         end = time.perf_counter()
+        transform.read(path)
+        times["read"].append(time.perf_counter() - end)
         times["decode"].append(decoded - start)
         times["crop"].append(cropped_at - decoded)
         times["to tensor"].append(end - cropped_at)
     ms = {phase: 1e3 * statistics.median(values) for phase, values in times.items()}
-    ms["total"] = sum(ms.values())
+    ms["full decode, crop"] = ms["decode"] + ms["crop"] + ms["to tensor"]
+    ms["reduced-scale read"] = ms.pop("read")
     return ms
 
 
@@ -178,7 +185,11 @@ def main(argv: list[str] | None = None) -> None:
 
         ms = per_image_ms(images, args.crop_size, args.images)
         print("per image, one process (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
-        print(f"  -> {1e3 / ms['total']:.0f} images/s per worker before collation\n")
+        full, read = ms["full decode, crop"], ms["reduced-scale read"]
+        print(
+            f"  -> one worker before collation: {1e3 / read:.0f} images/s "
+            f"({1e3 / full:.0f} decoding at full size: {full / read:.2f}x)\n"
+        )
 
         print(
             "| source | workers | images/s (median of runs) | runs | workers per GPU for "
