@@ -59,10 +59,8 @@ def test_channels_last_teachers_give_the_same_outputs(name: str, crop: Tensor) -
     nhwc = TINY_BUILDERS[name](channels_last=True)
     convolutions = [p for p in nhwc.parameters() if p.dim() == 4]
     assert convolutions, "every teacher family has at least its patch embedding"
-    assert all(
-        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-        for p in convolutions
-    )
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
+    assert any(not p.is_contiguous() for p in convolutions)  # a 1x1 kernel is both
     expected, actual = plain(crop), nhwc(crop)
     torch.testing.assert_close(actual.features, expected.features, rtol=1e-5, atol=1e-5)
     if expected.summary is not None:
