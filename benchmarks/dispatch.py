@@ -7,17 +7,24 @@ CPU-measurable proxy of that cost.
 
 "Top-level" operations are those not nested in another aten operation: what Python (or
 autograd's engine, for a backward) dispatches. "All" counts nested ones too.
+
+Scalar reads (:class:`ScalarReads`) are told apart by whether they would wait for a GPU.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakTensorKeyDictionary
 
 
 @dataclass(frozen=True)
@@ -69,3 +76,116 @@ def forward_backward_counts(
     value = loss(out)
     _, backward = count_operations(value.backward)
     return forward, backward
+
+
+@dataclass(frozen=True)
+class ScalarRead:
+    """One scalar read (``.item()``, ``float(t)``, ``bool(t)``...) or copy to the host: whether
+    its tensor is on the device (on a GPU: a host-device synchronisation) and the innermost
+    frame outside torch that made it, ``file:line``."""
+
+    on_device: bool
+    where: str
+
+
+class ScalarReads(TorchDispatchMode):
+    """Every scalar read (aten ``_local_scalar_dense``) and every copy of a device tensor to the
+    host (``.cpu()``, ``.tolist()``...) made while active, as a :class:`ScalarRead`, told apart
+    by whether its tensor is on the device.
+
+    On a GPU a read of a device tensor waits for every queued kernel (a host-device
+    synchronisation); a read of a host tensor does not. A CPU run has no device tensors, so
+    there the device is followed by provenance (:class:`DeviceTensors`): a tensor is on the
+    device when it comes from the module's parameters and buffers (``track``), from the batch,
+    from a call that names a device (``device=``, ``.to(device)``), or from any operation on such
+    a tensor; ``.cpu()``, the device spelled ``"cpu"`` (torch.optim's step counts) and tensors
+    made without a device are the host's (the data loader's random numbers, a library's
+    host-side checks).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[ScalarRead] = []
+        self.provenance = DeviceTensors(self.reads)
+
+    def track(self, *tensors: torch.Tensor) -> None:
+        """Count ``tensors`` (and what is computed from them) as on the device."""
+        for tensor in tensors:
+            self.provenance.device[tensor] = True
+
+    def __enter__(self) -> ScalarReads:
+        self.provenance.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.provenance.__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.ops.aten._local_scalar_dense.default:
+            tensor = args[0]
+            on_device = tensor.device.type != "cpu" or tensor in self.provenance.device
+            self.reads.append(ScalarRead(on_device, _asking_frame()))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def device_syncs(self) -> list[ScalarRead]:
+        """The reads of device tensors: host-device synchronisations on a GPU."""
+        return [read for read in self.reads if read.on_device]
+
+
+class DeviceTensors(TorchFunctionMode):
+    """Follows which tensors would be on the device (see :class:`ScalarReads`) through every
+    torch call made from Python while active (``Tensor.grad`` included)."""
+
+    def __init__(self, copies: list[ScalarRead]) -> None:
+        super().__init__()
+        self.device: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.copies = copies  # where device tensors are copied to the host
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        target = _target(args, kwargs) if func is torch.Tensor.to else kwargs.get("device")
+        if func in _TO_HOST or target == "cpu":
+            if any(t in self.device for t in _tensors(args[:1])):  # a copy to the host
+                self.copies.append(ScalarRead(True, _asking_frame()))
+            # on a CPU run the tensor itself comes back; on a GPU it would be a host copy
+            return out.clone() if any(out is t for t in _tensors(args)) else out
+        named = target is not None
+        inputs = _tensors((args, kwargs))
+        if named or any(t in self.device for t in inputs):
+            given = {id(t) for t in inputs}  # passed through (grouped, in place): unchanged
+            for tensor in _tensors(out):
+                if id(tensor) not in given:
+                    self.device[tensor] = True
+        return out
+
+
+_TO_HOST = (torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.tolist)
+
+
+def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """The device ``Tensor.to`` is given (a ``torch.device`` or a string), else ``None``."""
+    given = [kwargs.get("device"), *args[1:2]]
+    return next((d for d in given if isinstance(d, torch.device | str)), None)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def _asking_frame() -> str:
+    """``file:line`` of the innermost frame outside torch itself (torch.optim counts as
+    asking: its step counts)."""
+    frames = [(f.filename.replace("\\", "/"), f.lineno) for f in traceback.extract_stack()]
+    ours = [
+        (path, line)
+        for path, line in frames
+        if ("/site-packages/torch/" not in path or "/torch/optim/" in path) and path != __file__
+    ]
+    path, line = (ours or frames)[-1]
+    short = path.rsplit("/site-packages/", 1)[-1]
+    if "/radio_lit/" in short:
+        short = "radio_lit/" + short.rsplit("/radio_lit/", 1)[1]
+    return f"{short}:{line}"

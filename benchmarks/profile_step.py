@@ -4,7 +4,8 @@ Builds the config (and ``--model... --trainer... --data...`` overrides) with rad
 ``RadioLitCLI``, at its real sizes with random weights (pretrained tags and checkpoints are
 dropped; ``--teacher-depth K`` keeps every teacher's width and shortens it to K blocks, stated
 in the output), trains it with the config's own Trainer and callbacks for ``--warmup`` steps,
-then ``--steps`` timed steps, one profiled step and one FLOP-counted step, and prints per phase
+then ``--steps`` timed steps, one profiled step, one step whose scalar reads are followed and
+one FLOP-counted step, and prints per phase
 (views, each teacher, student forward, each head, grid matching, normalizers, losses, backward,
 optimizer, guard, data wait, and "Lightning + logging" for the rest of the step):
 
@@ -15,8 +16,10 @@ optimizer, guard, data wait, and "Lightning + logging" for the rest of the step)
   the FLOP step (forward and backward), achieved TFLOP/s and the share of the device's peak
   (a table of known GPUs' dense bf16 peaks; on a CPU, a measured float32 matmul peak);
 
-and for the step: peak memory, host-device synchronisations (``.item()``-style reads, and on
-CUDA the runtime's synchronising calls), the operation counts of a plain timm model of the
+and for the step: peak memory, its scalar reads (``.item()`` and the like) split into those
+that synchronise with a GPU, with where each is made, and those of host state (the data
+loader's, the optimizer's step counts: ``benchmarks/dispatch.py``, ``ScalarReads``), on CUDA
+the runtime's synchronising calls, the operation counts of a plain timm model of the
 student's architecture (the floor: forward and backward of the same batch), the top operations
 by time and a chrome trace (``--trace``).
 
@@ -50,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.dispatch import count_events  # noqa: E402
+from benchmarks.dispatch import ScalarReads, count_events  # noqa: E402
 
 #: Dense bf16 tensor-core peaks (TFLOP/s) from the vendors' data sheets, by device-name part.
 GPU_PEAK_TFLOPS = {
@@ -186,7 +189,8 @@ def build(args: argparse.Namespace, overrides: list[str]) -> Any:
         extra.append("--model.student.init_args.pretrained=false")
     root = tempfile.mkdtemp(prefix="profile_step_")
     extra += [
-        f"--trainer.max_steps={args.warmup + args.steps + 2}",  # + profiled, FLOP steps
+        # + the profiled step, the scalar-read step, a gap, the FLOP step
+        f"--trainer.max_steps={args.warmup + args.steps + 4}",
         f"--trainer.default_root_dir={root}",
         "--trainer.enable_model_summary=false",
         "--trainer.enable_progress_bar=false",
@@ -308,6 +312,7 @@ class Driver:
         self.phase_times: list[dict[str, float]] = []
         self.step_flops: dict[str, float] = {}
         self.profile: Any = None
+        self.scalar_reads = ScalarReads()
         self.start = 0.0
         self.backward: Any = None  # the open "backward" phase
         self.batch_shape: tuple[int, ...] = ()
@@ -316,7 +321,9 @@ class Driver:
         timed = self.args.warmup + self.args.steps
         if self.args.warmup <= step < timed:
             return "time"
-        return {timed: "profile", timed + 1: "flops"}.get(step)
+        # scalar reads are counted on step timed + 1, until the next step starts (its logging
+        # comes after its last callback), then a gap: dispatch modes nest, they do not overlap
+        return {timed: "profile", timed + 3: "flops"}.get(step)
 
     def callback(self) -> Any:
         from lightning.pytorch.callbacks import Callback
@@ -340,6 +347,7 @@ class Driver:
             def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int):
                 if hasattr(batch, "shape"):
                     driver.batch_shape = tuple(batch.shape)
+                driver.count_reads(trainer.global_step, pl_module, batch)
 
             def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
                 driver.backward = driver.clock.phase("backward")
@@ -353,6 +361,20 @@ class Driver:
                 driver.begin(trainer.global_step)
 
         return _Callback()
+
+    def count_reads(self, step: int, module: Any, batch: Any) -> None:
+        """Count scalar reads from the start of the step after the profiled one (its batch on
+        the device) to the start of the next: the step, its logging, the next batch's loading
+        (a step of its own: following tensors slows every operation)."""
+        import torch
+
+        profiled = self.args.warmup + self.args.steps + 1
+        if step == profiled:
+            self.scalar_reads.__enter__()
+            batch = [batch] if isinstance(batch, torch.Tensor) else []
+            self.scalar_reads.track(*module.parameters(), *module.buffers(), *batch)
+        elif step == profiled + 1:
+            self.scalar_reads.__exit__(None, None, None)
 
     def time_data(self, datamodule: Any) -> None:
         """Time ``next()`` on the training data loader as "data wait"."""
@@ -540,6 +562,22 @@ def vit_forward_flops(model: str, size: tuple[int, int], **kwargs: Any) -> tuple
     return float(counter.get_total_flops()), float(2 * params * tokens + attention)
 
 
+def scalar_reads_report(reads: ScalarReads, cuda: bool) -> str:
+    """The profiled step's scalar reads: those of device tensors (host-device
+    synchronisations on a GPU) and those of host tensors, each by where it is made."""
+    device = Counter(read.where for read in reads.reads if read.on_device)
+    host = Counter(read.where for read in reads.reads if not read.on_device)
+    basis = "" if cuda else " on a GPU (device tensors followed by provenance on this CPU)"
+    lines = [
+        f"scalar reads per step (.item() and the like): {len(reads.reads)}",
+        f"  of device tensors, host-device synchronisations{basis}: {sum(device.values())}",
+        *(f"    {count} at {where}" for where, count in device.most_common()),
+        f"  of host tensors, no synchronisation: {sum(host.values())}",
+        *(f"    {count} at {where}" for where, count in host.most_common(8)),
+    ]
+    return "\n".join(lines)
+
+
 def _row(cells: list[Any], widths: list[int]) -> str:
     return "  ".join(
         str(c).rjust(w) if i else str(c).ljust(w)
@@ -595,13 +633,10 @@ def report(args: argparse.Namespace, cli: Any, driver: Driver, notes: list[str])
     else:
         memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"peak memory: {memory:.2f} GiB resident (the process's peak)")
-    reads = sum(1 for e in events if e.name in SCALAR_READS)
     syncs = sum(1 for e in events if e.name in SYNC_CALLS)
-    print(
-        f"host-device synchronisations per step: {reads} scalar reads (.item() and the like; "
-        "a synchronisation when the tensor is on a GPU)"
-        + (f", {syncs} synchronising CUDA calls" if cuda else "")
-    )
+    print(scalar_reads_report(driver.scalar_reads, cuda))
+    if cuda:
+        print(f"synchronising CUDA runtime calls per step: {syncs}")
     floor = floor_counts(cli, batch, device)  # the step's images (one partition)
     if floor is None:
         print("floor: n/a (the student is not a timm ViT)")

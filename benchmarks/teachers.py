@@ -28,6 +28,18 @@
     python benchmarks/teachers.py --depth 2                      # ~6 min on 2 CPU cores
     python benchmarks/teachers.py --device cuda --dtype bfloat16 --batch-size 8
     python benchmarks/teachers.py --skip-build --families sam3   # one family
+    python benchmarks/teachers.py --skip-build --depth 2 --channels-last   # teachers' option
+    python benchmarks/teachers.py --skip-build --depth 4 --precision  # bf16 against float32
+
+``--precision`` compares, per family and on the same random weights and crops, the features
+of the float32 teacher (the reference) with those of the float32 teacher under bf16 autocast
+(what a ``bf16-mixed`` run does with a float32 teacher) and of the teacher held in bfloat16
+under the same autocast (``dtype: bfloat16``, the stage recipes' setting): relative L2 error
+and the mean cosine per token, and the autocast casts (``aten::_to_copy``) each forward makes.
+
+The forward part also counts the forward's top-level aten operations and, among them, the
+layout copies (``contiguous``, ``clone``, ``copy_``, ``_to_copy``) that ``channels_last``
+should remove around convolutions.
 """
 
 from __future__ import annotations
@@ -38,10 +50,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.dispatch import count_operations  # noqa: E402
+
 BIG = "vit_giant_patch14_reg4_dinov2"
 
 #: Hiera-L (SAM2.1 hiera_large): Sam2VisionConfig's backbone overrides.
@@ -61,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--channels-last", action="store_true", help="teachers' channels_last")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per family")
     parser.add_argument("--depth", type=int, default=None, help="blocks per model (CPU runs)")
@@ -71,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="families of the forward part (none: build part only)",
     )
     parser.add_argument("--skip-build", action="store_true", help="no build + load part")
+    parser.add_argument("--precision", action="store_true", help="bf16 against float32 part")
     parser.add_argument("--build-model", default=BIG, help="timm model of the build part")
     parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)  # path, file, device
     return parser.parse_args(argv)
@@ -160,13 +179,15 @@ def build_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 # -- 2. one forward per family ---------------------------------------------------------------
-def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teacher
+def family(name: str, depth: int | None, dtype: str, channels_last: bool = False):  # noqa: ANN201
+    """The teacher of family ``name`` (a Teacher), random weights."""
     from radio_lit.teachers import DINOv3Teacher, SAM2Teacher, SAM3Teacher, TimmTeacher
 
     blocks = {} if depth is None else {"depth": depth}
+    options = {"dtype": dtype, "channels_last": channels_last}
     if name == "siglip2":
         return TimmTeacher(
-            "vit_giantopt_patch16_siglip_384", pretrained=False, model_kwargs=blocks, dtype=dtype
+            "vit_giantopt_patch16_siglip_384", pretrained=False, model_kwargs=blocks, **options
         )
     if name == "dinov3":
         return DINOv3Teacher(
@@ -174,7 +195,7 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             pretrained=False,
             resolution=256,
             model_kwargs=blocks,
-            dtype=dtype,
+            **options,
         )
     if name == "sam2":
         hiera = dict(HIERA_L)
@@ -186,7 +207,7 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             "sam2_vision_model",
             pretrained=False,
             model_kwargs={"backbone_config": hiera},
-            dtype=dtype,
+            **options,
         )
     if name == "sam3":
         vit: dict[str, Any] = {"model_type": "sam3_vit_model"}
@@ -196,9 +217,13 @@ def family(name: str, depth: int | None, dtype: str):  # noqa: ANN201 - a Teache
             "sam3_vision_model",
             pretrained=False,
             model_kwargs={"backbone_config": vit},
-            dtype=dtype,
+            **options,
         )
     raise ValueError(f"unknown family {name!r}")
+
+
+#: Operations that copy a tensor into another memory layout.
+_LAYOUT_COPIES = ("aten::contiguous", "aten::clone", "aten::copy_", "aten::_to_copy")
 
 
 def _forward(teacher: Any, crop: Any, cuda: bool) -> None:
@@ -216,7 +241,8 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in args.families:
         torch.manual_seed(0)
         with torch.device(args.device):  # random initialization where the model runs
-            teacher = family(name, args.depth, None if args.dtype == "float32" else args.dtype)
+            dtype = None if args.dtype == "float32" else args.dtype
+            teacher = family(name, args.depth, dtype, args.channels_last)
         teacher.to(args.device)
         params = sum(p.numel() for p in teacher.parameters())
         side = teacher.resolution
@@ -224,7 +250,7 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
         cuda = args.device.startswith("cuda")
 
         with torch.inference_mode():
-            _forward(teacher, crop, cuda)  # warm-up
+            _, operations = count_operations(partial(_forward, teacher, crop, cuda))  # warm-up
             start = time.perf_counter()
             for _ in range(args.repeats):
                 _forward(teacher, crop, cuda)
@@ -236,9 +262,48 @@ def forward_part(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "resolution": side,
                 "features": teacher.feature_dim,
                 "img_s": args.batch_size / seconds,
+                "ops": operations.top_level,
+                "copies": sum(operations.by_name[op] for op in _LAYOUT_COPIES),
             }
         )
         del teacher
+    return rows
+
+
+def precision_part(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per family: the features of a float32 teacher under bf16 autocast and of the same
+    teacher held in bfloat16, each against the float32 teacher's."""
+    import torch
+
+    rows = []
+    for name in args.families:
+        torch.manual_seed(0)
+        full = family(name, args.depth, None).to(args.device)
+        half = family(name, args.depth, "bfloat16").to(args.device)
+        half.model.load_state_dict(full.model.state_dict())  # the same weights, rounded
+        side = full.resolution
+        crop = torch.rand(args.batch_size, 3, side, side, device=args.device)
+        device_type = torch.device(args.device).type
+        with torch.inference_mode():
+            reference = full(crop).features
+            for label, teacher in (("float32 under autocast", full), ("bfloat16", half)):
+                autocast = torch.autocast(device_type, dtype=torch.bfloat16)
+                with autocast, torch.profiler.profile() as profiled:
+                    features = teacher(crop).features
+                casts = sum(1 for e in profiled.events() if e.name == "aten::_to_copy")
+                features, expected = features.double(), reference.double()
+                error = (features - expected).norm() / expected.norm()
+                cosine = torch.nn.functional.cosine_similarity(features, expected, dim=-1)
+                rows.append(
+                    {
+                        "family": name,
+                        "teacher": label,
+                        "error": float(error),
+                        "cosine": float(cosine.mean()),
+                        "casts": casts,
+                    }
+                )
+        del full, half
     return rows
 
 
@@ -274,14 +339,25 @@ def main(argv: list[str] | None = None) -> None:
         )
     if not args.families:
         return
+    if args.precision:
+        print(f"\nfeatures against the float32 teacher's (batch {args.batch_size}, bf16 autocast)")
+        print("| family | teacher | relative L2 error | mean cosine | casts per forward |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for row in precision_part(args):
+            print(
+                f"| {row['family']} | {row['teacher']} | {row['error']:.2e} "
+                f"| {row['cosine']:.5f} | {row['casts']} |"
+            )
+        return
     rows = forward_part(args)
-    print(f"\none forward per family (batch {args.batch_size}, {args.dtype})")
-    print("| family | parameters | resolution | feature width | img/s |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    layout = ", channels-last" if args.channels_last else ""
+    print(f"\none forward per family (batch {args.batch_size}, {args.dtype}{layout})")
+    print("| family | parameters | resolution | feature width | img/s | top-level ops | copies |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
             f"| {row['family']} | {row['params_m']:.0f} M | {row['resolution']} px "
-            f"| {row['features']} | {row['img_s']:.2f} |"
+            f"| {row['features']} | {row['img_s']:.2f} | {row['ops']} | {row['copies']} |"
         )
 
 

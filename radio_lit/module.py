@@ -350,8 +350,9 @@ class DistillationModule(pl.LightningModule):
                 self.metrics[stage].update(chunk_matches, self.normalizers)
         if not train or logs_this_step(self._trainer):
             size, weights = crop.shape[0], self.balancer.effective_weights() if train else None
-            self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=size, sync_dist=not train)
-            logs = {**step_logs(stage, chunks, terms, weights), **extra_logs}
+            logs = step_logs(stage, loss, chunks, terms, weights, extra_logs)
+            value = logs.pop(f"{stage}/loss")
+            self.log(f"{stage}/loss", value, prog_bar=True, batch_size=size, sync_dist=not train)
             self.log_dict(logs, batch_size=size, sync_dist=not train)
         return loss
 

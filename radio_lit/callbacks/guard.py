@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from radio_lit.cache.batch import student_pixels
@@ -25,16 +26,33 @@ from radio_lit.errors import TrainingStopped
 from radio_lit.module import DistillationModule
 
 
-def all_finite(tensors: Iterable[Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: one fused norm, one host sync.
+def finite_flag(tensors: Iterable[Tensor]) -> Tensor | None:
+    """``1.0`` on the tensors' device when every element of ``tensors`` is finite, else ``0.0``:
+    one fused norm, nothing read on the host; ``None`` without floating-point tensors.
 
-    The 2-norm of the per-tensor norms is NaN or Inf as soon as one element is.
+    The 2-norm of the per-tensor norms is NaN or Inf as soon as one element is. A sharded
+    tensor (FSDP2's ``DTensor``) is checked through its local shard.
     """
-    floats = [t.detach() for t in tensors if t.is_floating_point()]
+    floats = [
+        (t.to_local() if isinstance(t, DTensor) else t).detach()
+        for t in tensors
+        if t.is_floating_point()
+    ]
     if not floats:
-        return True
+        return None
     norms = torch._foreach_norm(floats)
-    return bool(torch.isfinite(torch.linalg.vector_norm(torch.stack(norms).float())).item())
+    return torch.isfinite(torch.linalg.vector_norm(torch.stack(norms).float())).float()
+
+
+def all_ranks_finite(trainer: pl.Trainer, tensors: Iterable[Tensor]) -> bool:
+    """Whether every rank's ``tensors`` are finite: each rank's :func:`finite_flag` reduced
+    by their minimum on the device, then read once. That read is the guard's one host-device
+    synchronisation per step on any number of ranks (Lightning's ``reduce_boolean_decision``
+    of a host ``bool`` would add two: a host-to-device copy and a second read)."""
+    flag = finite_flag(tensors)
+    if flag is None:
+        flag = torch.ones((), device=trainer.strategy.root_device)
+    return bool(trainer.strategy.reduce(flag, reduce_op="min").item())
 
 
 def non_finite(named: Iterable[tuple[str, Tensor | None]]) -> list[str]:
@@ -51,7 +69,9 @@ def non_finite(named: Iterable[tuple[str, Tensor | None]]) -> list[str]:
 class NonFiniteGuard(Callback):
     """Check every optimizer step's gradients; stop on NaN / Inf with the cause.
 
-    Good steps cost one fused finiteness check of all gradients (one host sync). On a bad
+    Good steps cost one fused finiteness check of all gradients and one host-device
+    synchronisation, its read (:func:`all_ranks_finite`): the update cannot be applied before
+    the guard knows the gradients are finite, so this read is the one the step keeps. On a bad
     step the guard finds the cause by re-running the step's pieces without gradients, then
     either skips the update (at most ``max_skipped_steps`` times in a run; counted, logged as
     ``train/skipped_steps`` and checkpointed) or raises
@@ -87,9 +107,8 @@ class NonFiniteGuard(Callback):
     ) -> None:
         module = distillation_module(pl_module)
         params = [p for _, p in module.trainable_parameters()]
-        finite = all_finite(p.grad for p in params if p.grad is not None)
         # every rank stops (or skips) together, also when only its shard went bad (FSDP)
-        if trainer.strategy.reduce_boolean_decision(finite, all=True):
+        if all_ranks_finite(trainer, (p.grad for p in params if p.grad is not None)):
             return
         cause = diagnose(module, self._batch)
         step = trainer.global_step

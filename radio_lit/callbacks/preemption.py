@@ -128,8 +128,7 @@ class Preemption(Callback):
         self._batches += 1
         if self.stopping or self._batches % self.check_every_n_steps:
             return
-        flag = torch.tensor(self.received, device=trainer.strategy.root_device)
-        self.stopping = int(trainer.strategy.reduce(flag, reduce_op=ReduceOp.MAX).item())
+        self.stopping = agreed_signal(trainer, self.received)
         if not self.stopping:
             return
         self.checkpoint = checkpoint_dir(trainer) / CHECKPOINT_NAME
@@ -177,3 +176,16 @@ class Preemption(Callback):
             if not (a.startswith("--ckpt_path") or (i > 0 and args[i - 1] == "--ckpt_path"))
         ]
         return shlex.join([*kept, "--ckpt_path", str(self.checkpoint)])
+
+
+def agreed_signal(trainer: pl.Trainer, received: int) -> int:
+    """The largest signal number any rank received (0: none).
+
+    One process needs no collective and reads no device tensor. Across ranks the flag is made
+    on the device by a fill (``torch.full``: no host-to-device copy, which would wait for the
+    device) and all-reduced; its one read is the check's only host-device synchronisation.
+    """
+    if trainer.world_size == 1:
+        return received
+    flag = torch.full((), received, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(flag, reduce_op=ReduceOp.MAX).item())

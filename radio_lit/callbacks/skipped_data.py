@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import ConcatDataset, Dataset
 
@@ -43,4 +44,5 @@ class SkippedData(Callback):
             return
         count = num_skipped(getattr(trainer.datamodule, "train_dataset", None))
         if count is not None:
-            pl_module.log("data/skipped", float(count), on_step=True, on_epoch=False)
+            # a host tensor: Lightning keeps it there (a float would be copied to the device)
+            pl_module.log("data/skipped", torch.tensor(float(count)), on_step=True, on_epoch=False)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from radio_lit.callbacks._common import distillation_module
@@ -53,5 +54,6 @@ class ImagesPerSecond(Callback):
         self._last = now
         stepped, self._step = trainer.global_step != self._step, trainer.global_step
         if stepped and self._seconds > 0 and logs_this_step(trainer, trainer.global_step - 1):
-            pl_module.log("train/images_per_sec", self._images / self._seconds, on_step=True)
+            rate = torch.tensor(self._images / self._seconds)  # a host tensor: Lightning keeps
+            pl_module.log("train/images_per_sec", rate, on_step=True)  # it there, no device sync
             self._images, self._seconds = 0, 0.0

@@ -23,7 +23,7 @@ from radio_lit.data.transforms import (
     IMAGE_EXTENSIONS,
     ImageTransform,
     UnreadableImageError,
-    load_rgb,
+    read_crop,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,9 @@ class ImageFolderDataset(Dataset[Tensor]):
             if self._bad[candidate]:
                 continue
             try:
-                image = load_rgb(self.paths[candidate])
+                return read_crop(self.transform, self.paths[candidate])
             except UnreadableImageError as err:
                 self._mark_bad(candidate, err)
-                continue
-            return self.transform(image)
         raise RuntimeError(f"none of the {count} image files in {self.root} can be decoded")
 
     @property

@@ -38,7 +38,7 @@ from webdataset.shardlists import expand_urls
 from webdataset.utils import pytorch_worker_info
 
 from radio_lit.data.resumable import sample_seed, seeded
-from radio_lit.data.transforms import IMAGE_EXTENSIONS, ImageTransform, load_rgb
+from radio_lit.data.transforms import IMAGE_EXTENSIONS, ImageTransform, load_rgb, read_crop
 
 logger = logging.getLogger(__name__)
 
@@ -173,13 +173,13 @@ class ImageShards(IterableDataset[Tensor]):
         while self._yielded < count:
             sample = next(raw)
             self._position += 1
+            seed = sample_seed(self.seed, rank, worker, self._epoch, self._position)
             try:
-                image = decode_image(sample)
+                with seeded(seed):  # the crop box is drawn before decoding (read_crop)
+                    crop = read_crop(self.transform, *encoded_image(sample))
             except Exception as error:  # corrupt or missing image: counted and skipped
                 self._skip(error)
                 continue
-            with seeded(sample_seed(self.seed, rank, worker, self._epoch, self._position)):
-                crop = self.transform(image)
             self._failures_in_a_row = 0
             self._yielded += 1
             yield crop
@@ -225,8 +225,13 @@ class ImageShards(IterableDataset[Tensor]):
 
 def decode_image(sample: dict[str, Any]) -> Image.Image:
     """The sample's first image entry (see :data:`IMAGE_KEYS`) decoded as an RGB PIL image."""
+    return load_rgb(*encoded_image(sample))
+
+
+def encoded_image(sample: dict[str, Any]) -> tuple[bytes, str]:
+    """The sample's first image entry (see :data:`IMAGE_KEYS`), encoded, and its name."""
     name = f"{sample.get('__url__')}:{sample.get('__key__')}"
     for key in IMAGE_KEYS:
         if key in sample:
-            return load_rgb(sample[key], name=f"{name}.{key}")
+            return sample[key], f"{name}.{key}"
     raise ValueError(f"sample {name} has no image entry {IMAGE_KEYS}: keys {sorted(sample)}")

@@ -15,11 +15,13 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
 from torch import Tensor
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 #: File extensions read as images (compared case-insensitively).
 IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")
@@ -32,21 +34,40 @@ class UnreadableImageError(OSError):
     """An image file or byte string that cannot be decoded (corrupt, truncated, not an image)."""
 
 
-def load_rgb(source: str | os.PathLike[str] | bytes, name: str | None = None) -> Image.Image:
+def load_rgb(
+    source: str | os.PathLike[str] | bytes,
+    name: str | None = None,
+    before_decoding: Callable[[Image.Image], None] | None = None,
+) -> Image.Image:
     """Decode an image file (path) or encoded bytes into a fully loaded RGB PIL image.
 
     Every image the package reads (training, the cache, ``predict``, evaluation) goes through
     here, so each mode is scaled to 8 bits one way (:func:`to_rgb`). Any decoding failure
     raises :class:`UnreadableImageError` naming ``name`` (or the path), with the decoder's
-    exception as its cause.
+    exception as its cause. ``before_decoding`` gets the opened image (its header read: size
+    and mode known, no pixel decoded), e.g. to ask for a reduced-scale decode
+    (:meth:`RandomResizedCrop.read`).
     """
     if name is None:
         name = "<bytes>" if isinstance(source, bytes) else os.fspath(source)
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            if before_decoding is not None:
+                before_decoding(image)
             return to_rgb(image)
     except Exception as err:  # decoders raise many types (OSError, SyntaxError, struct.error, ...)
         raise UnreadableImageError(f"cannot decode image {name}: {err}") from err
+
+
+def read_crop(
+    transform: ImageTransform, source: str | os.PathLike[str] | bytes, name: str | None = None
+) -> Tensor:
+    """``transform``'s crop of the image in ``source`` (a path or encoded bytes): through the
+    transform's own ``read`` when it has one (:class:`RandomResizedCrop` decodes a large JPEG
+    at a reduced scale), else :func:`load_rgb` then ``transform``. Decoding failures raise
+    :class:`UnreadableImageError`."""
+    read = getattr(transform, "read", None)
+    return read(source, name) if read is not None else transform(load_rgb(source, name))
 
 
 #: Full scale of the integer modes ``I;16*`` and ``I``: 16-bit samples (a 16-bit PNG or TIFF
@@ -85,12 +106,59 @@ def to_rgb(image: Image.Image) -> Image.Image:
 _PREMULTIPLIED = {"La": "LA", "RGBa": "RGBA"}
 
 
+class RandomResizedCrop:
+    """One random-resized crop of side ``S`` -> ``[3, S, S]`` uint8 (torchvision's
+    ``RandomResizedCrop``, antialiased bilinear, then ``PILToTensor``).
+
+    Called on a decoded image it is torchvision's transform. :meth:`read` takes the file
+    instead, draws the crop box from the header's size (the same random numbers, so the same
+    box) and decodes a JPEG at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8; PIL's
+    ``draft``) that still gives the box at least ``S`` pixels per side: a web photograph of
+    2048 px cropped to 384 px is decoded at 1/2 or 1/4 of its side, which is where a data
+    loader's time goes (``benchmarks/data_loading.py``). [choice] The box's pixels then come
+    from the DCT's downscale followed by the bilinear resize, instead of the resize alone.
+    """
+
+    def __init__(
+        self, crop_size: int, scale: tuple[float, float], ratio: tuple[float, float]
+    ) -> None:
+        self.crop_size = crop_size
+        self.crop = v2.RandomResizedCrop(crop_size, scale=scale, ratio=ratio, antialias=True)
+
+    def __call__(self, image: Image.Image) -> Tensor:
+        return pil_to_tensor(self.crop(image))
+
+    def read(self, source: str | os.PathLike[str] | bytes, name: str | None = None) -> Tensor:
+        """The crop of the image in ``source`` (a path or encoded bytes), decoded at the
+        smallest scale the crop allows; decoding failures raise :class:`UnreadableImageError`."""
+        box: dict[str, Any] = {}
+
+        def draft(image: Image.Image) -> None:
+            box.update(self.crop.make_params([image]))  # from the header's size
+            width, height = image.size
+            side = self.crop_size
+            needed = (-(-width * side // box["width"]), -(-height * side // box["height"]))
+            box["size"] = image.size
+            image.draft(image.mode, needed)  # a no-op for formats without reduced decoding
+
+        image = load_rgb(source, name, before_decoding=draft)
+        full = box.pop("size")
+        if image.size == full:
+            return pil_to_tensor(self.crop.transform(image, box))
+        sx, sy = image.width / full[0], image.height / full[1]
+        left, top = box["left"] * sx, box["top"] * sy
+        area = (left, top, left + box["width"] * sx, top + box["height"] * sy)
+        side = (self.crop_size, self.crop_size)
+        return pil_to_tensor(image.resize(side, Image.Resampling.BILINEAR, box=area))
+
+
 def train_transform(
     crop_size: int,
     scale: tuple[float, float] = (0.35, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
-) -> ImageTransform:
-    """One random-resized crop of side ``crop_size`` -> ``[3, S, S]`` uint8.
+) -> RandomResizedCrop:
+    """One random-resized crop of side ``crop_size`` -> ``[3, S, S]`` uint8
+    (:class:`RandomResizedCrop`).
 
     ``scale`` is the range of the crop's area as a fraction of the image's area and ``ratio``
     the range of its aspect ratio before resizing (antialiased bilinear).
@@ -99,12 +167,7 @@ def train_transform(
     low, high = scale
     if not 0.0 < low <= high <= 1.0:
         raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale}")
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(crop_size, scale=scale, ratio=ratio, antialias=True),
-            v2.PILToTensor(),
-        ]
-    )
+    return RandomResizedCrop(crop_size, scale, ratio)
 
 
 def eval_transform(crop_size: int) -> ImageTransform:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from radio_lit.metrics.distillation import DistillationMetrics
@@ -34,21 +35,43 @@ def logs_this_step(trainer: Any, step: int | None = None) -> bool:
 
 def step_logs(
     stage: str,
+    loss: Tensor,
     chunks: Sequence[Chunk],
     terms: Sequence[Mapping[str, Tensor]],
     weights: Mapping[str, Tensor] | None,
+    extra: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
-    """A step's logged values besides the loss: ``<stage>/<teacher>/<term>`` for every loss
+    """A step's logged values: ``<stage>/loss``, ``<stage>/<teacher>/<term>`` for every loss
     term of every chunk (mean over images; prefixed by the partition's name,
     ``<stage>/<partition>/<teacher>/<term>``, when the step has several chunks: a teacher may
     be in more than one) and, in training, each term's effective balancer weight
-    ``train/balancer/<teacher>/<term>``."""
-    logged = {}
+    ``train/balancer/<teacher>/<term>``, and the step's ``extra`` values (full tags, e.g.
+    ``train/mesa_loss``).
+
+    Training values are logged per step and never reduced across ranks, so they come to the
+    host together (:func:`on_host`): one host-device synchronisation for all of them, where
+    Lightning would read each device tensor on its own (the loss three times: for the logger,
+    the progress bar and the callbacks). Validation values stay on the device (Lightning
+    reduces them across ranks)."""
+    logged = {f"{stage}/loss": loss.detach()}
     for chunk, chunk_terms in zip(chunks, terms, strict=True):
         prefix = f"{stage}/" if len(chunks) == 1 else f"{stage}/{chunk.partition}/"
         logged.update({prefix + k: v.detach().mean() for k, v in chunk_terms.items()})
     logged.update({f"{stage}/balancer/{k}": w for k, w in (weights or {}).items()})
-    return logged
+    logged.update({k: v.detach() for k, v in (extra or {}).items()})
+    return on_host(logged) if stage == "train" else logged
+
+
+def on_host(values: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``values`` (one-element tensors) as float32 CPU scalars, copied in one transfer.
+
+    Lightning keeps a logged CPU tensor on the CPU, so logging these reads nothing more from
+    the device.
+    """
+    if not values:
+        return {}
+    host = torch.stack([v.detach().reshape(()).float() for v in values.values()]).cpu()
+    return dict(zip(values, host.unbind(), strict=True))
 
 
 def epoch_logs(stage: str, metrics: DistillationMetrics) -> dict[str, Tensor]:

@@ -49,6 +49,7 @@ class TwoBackendTeacher(TokenTeacher):
         follow_student: bool = False,
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
         for fragment, other in self.wrong_family:
@@ -85,7 +86,7 @@ class TwoBackendTeacher(TokenTeacher):
         super().__init__(layout, follow_student)
         self.backend = backend
         self.model = net
-        self.freeze()
+        self.freeze(channels_last)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         if self.backend == "timm":

@@ -66,6 +66,8 @@ class Teacher(nn.Module):
     interpolatable: ClassVar[bool] = True
     #: Whether the teacher can run on images (``False``: its outputs come from a cache).
     live: ClassVar[bool] = True
+    #: Whether convolution weights and views are held channels-last (:meth:`freeze`).
+    channels_last: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,10 +125,20 @@ class Teacher(nn.Module):
         return False
 
     # -- frozen behaviour -------------------------------------------------------------------
-    def freeze(self) -> None:
-        """Drop gradients and switch to eval; called by subclasses once weights are loaded."""
+    def freeze(self, channels_last: bool = False) -> None:
+        """Drop gradients and switch to eval; called by subclasses once weights are loaded.
+
+        ``channels_last`` also stores the 4-D weights (convolutions: patch embeddings, conv
+        stems and stages, necks) in channels-last memory format (NHWC strides, same shapes and
+        values), and :meth:`forward` hands the encoder channels-last views: cuDNN's and
+        oneDNN's convolutions then run on NHWC directly (no layout transposes around each
+        convolution) and write NHWC outputs, whose ``[B, h, w, C]`` token view needs no copy.
+        """
         self.requires_grad_(False)
         super().train(False)
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
+            self.channels_last = True
 
     def train(self, mode: bool = True) -> Teacher:
         """Teachers stay in eval mode whatever the parent module asks."""
@@ -163,6 +175,8 @@ class Teacher(nn.Module):
         precision and returns float32 outputs, so the targets' statistics are unaffected.
         """
         view = self.view(crop, size)
+        if self.channels_last:
+            view = view.contiguous(memory_format=torch.channels_last)
         weight = next(self.parameters(), None)
         if weight is None or weight.dtype in (torch.float32, torch.float64):
             return self.encode(view)

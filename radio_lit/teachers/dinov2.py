@@ -47,6 +47,8 @@ class DINOv2Teacher(TwoBackendTeacher):
             code runs with your permissions. Checkpoints and weight files are always loaded as
             tensors only (safetensors or ``torch.load(weights_only=True)``).
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     model_types = ("dinov2", "dinov2_with_registers")

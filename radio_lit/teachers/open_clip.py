@@ -73,6 +73,8 @@ class OpenCLIPTeacher(Teacher):
             only the image tower is kept (and, with a local ``pretrained`` file, the model is
             built on the meta device and the file's tensors assigned: one copy in memory).
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class OpenCLIPTeacher(Teacher):
         std: tuple[float, float, float] | None = None,
         keep_text: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         model, embed_dim = _create_clip(model_name, pretrained, model_cfg, resolution, keep_text)
         visual = model.visual
@@ -103,7 +106,7 @@ class OpenCLIPTeacher(Teacher):
         self.clip = model if keep_text else None
         self._feature_dim = width
         self._summary_dim = embed_dim
-        self.freeze()
+        self.freeze(channels_last)
 
     @property
     def feature_dim(self) -> int:

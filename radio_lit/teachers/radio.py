@@ -66,6 +66,8 @@ class RADIOTeacher(Teacher):
         trust_remote_code: allow ``torch_hub`` / ``transformers`` to run the repository's
             code (required by both; never needed for ``export``).
         dtype: teacher precision; outputs stay float32.
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class RADIOTeacher(Teacher):
         hub_repo: str = "NVlabs/RADIO",
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         net, patch, preferred = _load(model, loader, adaptor, hub_repo, trust_remote_code)
         resolution = resolution or preferred
@@ -88,7 +91,7 @@ class RADIOTeacher(Teacher):
         self.adaptor = adaptor
         self.loader = loader
         self.use_summary = _use_summary(net, model, loader, adaptor, summary)
-        self.freeze()
+        self.freeze(channels_last)
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
         if summary and probe.summary is None:
             raise ValueError(

@@ -70,6 +70,8 @@ class SAMTeacher(CanvasTeacher):
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3) instead of padding
             each view alone.
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class SAMTeacher(CanvasTeacher):
         follow_student: bool = False,
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         if checkpoint is not None:
             encoder = build_on_meta(lambda: _build_encoder(model_type, encoder_kwargs))
@@ -105,7 +108,7 @@ class SAMTeacher(CanvasTeacher):
         use_sdpa(encoder)  # relative positions as SDPA's additive mask: the same outputs
         self.model = cast(encoder, dtype)
         self._feature_dim = encoder.patch_embed.proj.out_channels
-        self.freeze()
+        self.freeze(channels_last)
 
     @property
     def feature_dim(self) -> int:

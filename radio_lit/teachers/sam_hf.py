@@ -99,6 +99,8 @@ class SAM2Teacher(_HFCanvasTeacher):
         follow_student: take the student's view size instead of ``resolution``.
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3).
         dtype: teacher precision; outputs stay float32.
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     full_model = Sam2Model
@@ -115,6 +117,7 @@ class SAM2Teacher(_HFCanvasTeacher):
         follow_student: bool = False,
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         encoder = self._load(model, pretrained, dict(model_kwargs or {}), dtype)
         hiera = encoder.config.backbone_config
@@ -130,7 +133,7 @@ class SAM2Teacher(_HFCanvasTeacher):
         self.level = level
         self.model = encoder.backbone  # the neck is not run
         self._feature_dim = hiera.embed_dim_per_stage[level]
-        self.freeze()
+        self.freeze(channels_last)
 
     @property
     def feature_dim(self) -> int:
@@ -164,6 +167,8 @@ class SAM3Teacher(_HFCanvasTeacher):
         follow_student: take the student's view size instead of ``resolution``.
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3).
         dtype: teacher precision; outputs stay float32.
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     full_model = Sam3Model
@@ -179,6 +184,7 @@ class SAM3Teacher(_HFCanvasTeacher):
         follow_student: bool = False,
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         encoder = self._load(model, pretrained, dict(model_kwargs or {}), dtype)
         vit = encoder.config.backbone_config
@@ -187,7 +193,7 @@ class SAM3Teacher(_HFCanvasTeacher):
         super().__init__(resolution or canvas, canvas, patch, mean, std, follow_student, mosaic)
         self.model = encoder.backbone  # the FPN neck is not run
         self._feature_dim = vit.hidden_size
-        self.freeze()
+        self.freeze(channels_last)
 
     @property
     def feature_dim(self) -> int:

@@ -57,6 +57,8 @@ class TimmTeacher(TokenTeacher):
         mean: pixel mean override (default: ``pretrained_cfg["mean"]`` of the model).
         std: pixel std override (default: ``pretrained_cfg["std"]``).
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class TimmTeacher(TokenTeacher):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         kwargs = dict(model_kwargs or {})
         if follow_student:
@@ -79,7 +82,7 @@ class TimmTeacher(TokenTeacher):
         net = build_timm(name, model, pretrained, checkpoint, resolution, kwargs)
         super().__init__(timm_layout(name, net, model, summary, mean, std), follow_student)
         self.model = cast(net, dtype)
-        self.freeze()
+        self.freeze(channels_last)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         return timm_tokens(self.model, view, self.summary_source)

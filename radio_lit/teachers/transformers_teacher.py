@@ -118,6 +118,8 @@ class TransformersTeacher(TokenTeacher):
         trust_remote_code: let a hub repository run its own Python code while loading. Off by
             default: a repository's code runs with your permissions.
         dtype: teacher precision (``bfloat16``...); outputs stay float32.
+        channels_last: convolution weights and views in channels-last memory format
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class TransformersTeacher(TokenTeacher):
         std: tuple[float, float, float] | None = None,
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
         net, config = build_transformers(
@@ -141,7 +144,7 @@ class TransformersTeacher(TokenTeacher):
         super().__init__(layout, follow_student)
         self.model = net
         self._native = square_side(config.image_size)
-        self.freeze()
+        self.freeze(channels_last)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         return transformers_tokens(self.model, view, self._native)

@@ -45,8 +45,12 @@ def test_the_profiler_prints_every_column_for_the_quickstart(tmp_path):
         assert len(rows[phase]) == 7
     assert int(rows["student forward"][1]) > 0 and float(rows["student forward"][4]) > 0
     assert float(rows["backward"][4]) > float(rows["student forward"][4])  # ~2x the forward
-    for line in ("images/s:", "peak:", "peak memory:", "host-device synchronisations per step:"):
+    for line in ("images/s:", "peak:", "peak memory:", "scalar reads per step"):
         assert line in out
+    # the guard's verdict is the step's one read of a device value (not a logging step)
+    device = out.split("of device tensors, host-device synchronisations")[1].split("\n")
+    assert device[0].endswith(": 1") and "radio_lit/callbacks/guard.py" in device[1], out
+    assert "of host tensors, no synchronisation" in out
     assert "floor (plain timm vit_tiny_patch16_224, same batch): forward" in out
     assert "student forward / floor:" in out and "top 12 operations by" in out
     assert trace.stat().st_size > 0

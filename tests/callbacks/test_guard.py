@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -12,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from radio_lit.callbacks import NonFiniteGuard
 from radio_lit.errors import TrainingStopped
 from tests.builders import cpu_trainer, image_batches, tiny_module
+from tests.distributed.gloo import run_gloo_workers
 
 
 def fit(tmp_path, module, *callbacks, max_steps=4):
@@ -89,3 +91,9 @@ def test_isolated_bad_steps_are_skipped_counted_and_checkpointed(tmp_path):
 
     with pytest.raises(TrainingStopped, match=r"gradients of heads\.clip\.features\.out\.weight"):
         fit(tmp_path / "strict", tiny_module(), PoisonGradient(step=1), NonFiniteGuard())
+
+
+def test_a_non_finite_gradient_on_one_rank_stops_every_rank(tmp_path):
+    """The ranks' finiteness flags are reduced on the device (their minimum) and read once."""
+    verdicts = run_gloo_workers(Path(__file__).with_name("guard_worker.py"), tmp_path)
+    assert verdicts == [[False, True], [False, True]]

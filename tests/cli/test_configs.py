@@ -128,6 +128,17 @@ def test_every_recipe_places_its_batch_on_its_gpus(path, capsys):
     assert model["warmup_steps"] == 0  # no warm-up in PHI-S table 10 or AM-RADIO 4
 
 
+@pytest.mark.parametrize("path", STAGES + RECIPES, ids=_name)
+def test_every_recipe_holds_its_frozen_teachers_in_bfloat16(path, capsys):
+    """The GPU recipes train under bf16-mixed; their frozen teachers are held in bfloat16:
+    half their memory and no per-step cast of every weight (README "Teachers on a GPU")."""
+    config = recipe(capsys, path)
+    assert config["trainer"]["precision"] == "bf16-mixed"
+    teachers = config["model"]["teachers"]
+    dtypes = {name: teacher["init_args"].get("dtype") for name, teacher in teachers.items()}
+    assert dtypes == dict.fromkeys(teachers, "bfloat16")
+
+
 @pytest.mark.parametrize("stage", PHI_S_STAGES, ids=_name)
 def test_stage_recipes_parse_with_the_papers_hyperparameters(stage, capsys):
     config = recipe(capsys, stage)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from radio_lit.data.image_folder import ImageFolderDataset
+from radio_lit.data.image_folder import ImageFolderDataset, sample_images_dir
 from radio_lit.data.transforms import (
     UnreadableImageError,
     eval_transform,
@@ -152,3 +152,41 @@ def test_training_reads_a_16_bit_png_scaled(tmp_path) -> None:
     (tmp_path / "wide.png").write_bytes(_png(Image.fromarray(np.full((8, 8), 32768, np.uint16))))
     crop = ImageFolderDataset(tmp_path, eval_transform(8))[0]
     assert crop.unique().tolist() == [128]
+
+
+def _photograph(side: int, fmt: str) -> bytes:
+    """A shipped photograph resized to ``side`` px, encoded as ``fmt``."""
+    with Image.open(sample_images_dir() / "astronaut.jpg") as image:
+        large = image.convert("RGB").resize((side, side), Image.Resampling.BICUBIC)
+    encoded = io.BytesIO()
+    large.save(encoded, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return encoded.getvalue()
+
+
+def test_a_large_jpeg_is_decoded_at_a_reduced_scale_into_the_same_crop(monkeypatch) -> None:
+    """The crop box is drawn from the header (the same random numbers), the JPEG decoded at a
+    DCT scale that keeps the box at least the crop's side: the crop differs from the full
+    decode's by resampling only; a PNG (no reduced decoding) gives torchvision's crop exactly."""
+    decoded: list[tuple[int, int]] = []
+
+    def recorded(image: Image.Image) -> Image.Image:
+        decoded.append(image.size)
+        return to_rgb(image)
+
+    transform = train_transform(64)
+    for fmt, side in (("JPEG", 1024), ("PNG", 256)):
+        data, decoded[:] = _photograph(side, fmt), []
+        for seed in range(4):
+            monkeypatch.setattr("radio_lit.data.transforms.to_rgb", recorded)
+            torch.manual_seed(seed)
+            fast = transform.read(data)
+            monkeypatch.undo()
+            torch.manual_seed(seed)
+            full = transform(load_rgb(data))
+            assert fast.shape == full.shape == (3, 64, 64) and fast.dtype == torch.uint8
+            if fmt == "PNG":
+                assert torch.equal(fast, full)
+            else:
+                assert (fast.float() - full.float()).abs().mean() < 2.5  # of 255 levels
+        smallest = min(min(size) for size in decoded)
+        assert (smallest <= side // 4) if fmt == "JPEG" else (smallest == side)

@@ -43,3 +43,22 @@ def test_a_compiled_run_trains_with_the_eager_losses(tmp_path):
     torch.testing.assert_close(
         torch.tensor(runs[True]), torch.tensor(runs[False]), rtol=1e-5, atol=1e-6
     )
+
+
+def test_each_compiled_model_gets_its_own_recompilations(monkeypatch):
+    """In-place compiled models share one code object, hence dynamo's recompile_limit: with
+    2 per model, two models at two shapes each all compile (none falls back to eager)."""
+    from torch._dynamo.utils import counters
+
+    from radio_lit import compiling
+
+    monkeypatch.setattr(compiling, "PER_MODEL_RECOMPILES", 2)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    torch._dynamo.reset()
+    counters.clear()
+    models = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 5)]  # two compiled versions each
+    compiling.compile_models(models, {"backend": "eager", "dynamic": False})
+    for rows in (2, 3):
+        for model in models:
+            model(torch.randn(rows, 4))
+    assert counters["frames"]["ok"] == 4

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+import torch
 import yaml
 from jsonargparse import ArgumentParser
 from torch import Tensor, nn
 
 from radio_lit.teachers import DINOv2Teacher, OpenCLIPTeacher, SAMTeacher, Teacher
+from tests.teachers.conftest import TINY_BUILDERS
 from tests.teachers.tiny import tiny_teacher_configs
 
 
@@ -45,3 +48,20 @@ def test_tiny_teachers_build_from_yaml_through_jsonargparse() -> None:
     assert isinstance(teachers["dino"], DINOv2Teacher)
     assert isinstance(teachers["sam"], SAMTeacher)
     assert [t.grid_size for t in teachers.values()] == [(4, 4), (4, 4), (6, 6)]
+
+
+@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+def test_channels_last_teachers_give_the_same_outputs(name: str, crop: Tensor) -> None:
+    """``channels_last: true`` stores every convolution NHWC and leaves the outputs equal."""
+    torch.manual_seed(0)
+    plain = TINY_BUILDERS[name]()
+    torch.manual_seed(0)
+    nhwc = TINY_BUILDERS[name](channels_last=True)
+    convolutions = [p for p in nhwc.parameters() if p.dim() == 4]
+    assert convolutions, "every teacher family has at least its patch embedding"
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
+    assert any(not p.is_contiguous() for p in convolutions)  # a 1x1 kernel is both
+    expected, actual = plain(crop), nhwc(crop)
+    torch.testing.assert_close(actual.features, expected.features, rtol=1e-5, atol=1e-5)
+    if expected.summary is not None:
+        torch.testing.assert_close(actual.summary, expected.summary, rtol=1e-5, atol=1e-5)
