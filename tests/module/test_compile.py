@@ -53,12 +53,14 @@ def test_each_compiled_model_gets_its_own_recompilations(monkeypatch):
     from radio_lit import compiling
 
     monkeypatch.setattr(compiling, "PER_MODEL_RECOMPILES", 2)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     counters.clear()
     models = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 5)]  # two compiled versions each
-    compiling.compile_models(models, {"backend": "eager", "dynamic": False})
-    for rows in (2, 3):
-        for model in models:
-            model(torch.randn(rows, 4))
+    # dynamo's own patch: pytest's monkeypatch sees no attribute on a config module and
+    # would delete (hide) it when undone
+    with torch._dynamo.config.patch(recompile_limit=2):
+        compiling.compile_models(models, {"backend": "eager", "dynamic": False})
+        for rows in (2, 3):
+            for model in models:
+                model(torch.randn(rows, 4))
     assert counters["frames"]["ok"] == 4
