@@ -116,14 +116,20 @@ class RandomResizedCrop:
     ``draft``) that still gives the box at least ``S`` pixels per side: a web photograph of
     2048 px cropped to 384 px is decoded at 1/2 or 1/4 of its side, which is where a data
     loader's time goes (``benchmarks/data_loading.py``). [choice] The box's pixels then come
-    from the DCT's downscale followed by the bilinear resize, instead of the resize alone.
+    from the DCT's downscale followed by the bilinear resize, instead of the resize alone;
+    ``reduced_decoding=False`` decodes every image in full (torchvision's crop exactly).
     """
 
     def __init__(
-        self, crop_size: int, scale: tuple[float, float], ratio: tuple[float, float]
+        self,
+        crop_size: int,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        reduced_decoding: bool = True,
     ) -> None:
         self.crop_size = crop_size
         self.crop = v2.RandomResizedCrop(crop_size, scale=scale, ratio=ratio, antialias=True)
+        self.reduced_decoding = reduced_decoding
 
     def __call__(self, image: Image.Image) -> Tensor:
         return pil_to_tensor(self.crop(image))
@@ -131,6 +137,8 @@ class RandomResizedCrop:
     def read(self, source: str | os.PathLike[str] | bytes, name: str | None = None) -> Tensor:
         """The crop of the image in ``source`` (a path or encoded bytes), decoded at the
         smallest scale the crop allows; decoding failures raise :class:`UnreadableImageError`."""
+        if not self.reduced_decoding:
+            return self(load_rgb(source, name))
         box: dict[str, Any] = {}
 
         def draft(image: Image.Image) -> None:
@@ -156,18 +164,20 @@ def train_transform(
     crop_size: int,
     scale: tuple[float, float] = (0.35, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    reduced_decoding: bool = True,
 ) -> RandomResizedCrop:
     """One random-resized crop of side ``crop_size`` -> ``[3, S, S]`` uint8
     (:class:`RandomResizedCrop`).
 
     ``scale`` is the range of the crop's area as a fraction of the image's area and ``ratio``
-    the range of its aspect ratio before resizing (antialiased bilinear).
+    the range of its aspect ratio before resizing (antialiased bilinear);
+    ``reduced_decoding``: a large JPEG is decoded at the smallest DCT scale the crop allows.
     """
     _check_crop_size(crop_size)
     low, high = scale
     if not 0.0 < low <= high <= 1.0:
         raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale}")
-    return RandomResizedCrop(crop_size, scale, ratio)
+    return RandomResizedCrop(crop_size, scale, ratio, reduced_decoding)
 
 
 def eval_transform(crop_size: int) -> ImageTransform:

@@ -76,6 +76,14 @@ def test_a_training_set_smaller_than_a_batch_fails_clearly() -> None:
         datamodule.train_dataloader()
 
 
+def test_reduced_decoding_reaches_the_training_crops() -> None:
+    """``data.init_args.reduced_decoding`` sets how the training crops decode their images."""
+    for reduced in (True, False):
+        datamodule = ImageFolderDataModule(SAMPLE_IMAGES, reduced_decoding=reduced, num_workers=0)
+        datamodule.setup("fit")
+        assert datamodule.train_dataset.transform.reduced_decoding is reduced
+
+
 def test_invalid_loader_settings_fail_clearly() -> None:
     with pytest.raises(ValueError, match="crop_size"):
         SyntheticDataModule(crop_size=0)

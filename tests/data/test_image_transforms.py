@@ -190,3 +190,22 @@ def test_a_large_jpeg_is_decoded_at_a_reduced_scale_into_the_same_crop(monkeypat
                 assert (fast.float() - full.float()).abs().mean() < 2.5  # of 255 levels
         smallest = min(min(size) for size in decoded)
         assert (smallest <= side // 4) if fmt == "JPEG" else (smallest == side)
+
+
+def test_reduced_decoding_can_be_turned_off(monkeypatch) -> None:
+    """``reduced_decoding=False`` (``data.init_args.reduced_decoding``): a large JPEG is decoded
+    in full and the crop is torchvision's exactly."""
+    decoded: list[tuple[int, int]] = []
+
+    def recorded(image: Image.Image) -> Image.Image:
+        decoded.append(image.size)
+        return to_rgb(image)
+
+    data, transform = _photograph(1024, "JPEG"), train_transform(64, reduced_decoding=False)
+    monkeypatch.setattr("radio_lit.data.transforms.to_rgb", recorded)
+    torch.manual_seed(0)
+    full_read = transform.read(data)
+    monkeypatch.undo()
+    torch.manual_seed(0)
+    assert torch.equal(full_read, transform(load_rgb(data)))
+    assert decoded == [(1024, 1024)]
