@@ -17,13 +17,15 @@ from pathlib import Path
 import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from radio_lit.callbacks import NonFiniteGuard, RandomStates, TeacherStatsEstimation
+from radio_lit.callbacks import FreezeBody, NonFiniteGuard, RandomStates, TeacherStatsEstimation
 from radio_lit.data import SyntheticDataModule
+from radio_lit.strategies import ModelParallelStrategy
 from tests.builders import cpu_trainer
 from tests.distributed.distributed_fit import build_module
+
+FROZEN = 2
 
 
 def _full(t):
@@ -45,7 +47,10 @@ def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> No
         dirpath=str(out_dir / "checkpoints"), save_last=True, save_top_k=-1, every_n_train_steps=1
     )
     statistics = TeacherStatsEstimation(steps=2, refit_every=1)
-    callbacks = [statistics, NonFiniteGuard(), RandomStates(), checkpoints]  # as the stages
+    # as the stages; the trunk's first update at step 2: the checkpoints of steps 1 and 2 hold
+    # optimizer state for the heads only
+    freeze = FreezeBody(steps=FROZEN)
+    callbacks = [statistics, freeze, NonFiniteGuard(), RandomStates(), checkpoints]
     trainer = cpu_trainer(
         out_dir,
         devices=devices,

@@ -37,7 +37,8 @@ def _wait(ranks: list[forking.Forked]) -> None:
 def runs(tmp_path_factory):
     """The 2-rank run that writes the sharded checkpoints; then, together, a 1-rank run
     resuming its last one (no step left: what it holds is what it restored) and a 2-rank run
-    resuming the one of step 2."""
+    resuming the one of step 2 (written before the trunk's first update: FreezeBody, no
+    optimizer state for the trunk)."""
     two, one, again = (tmp_path_factory.mktemp(n) for n in ("two-ranks", "one-rank", "again"))
     _wait(_start(two, 2))
     checkpoints = two / "checkpoints"
