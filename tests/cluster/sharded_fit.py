@@ -2,8 +2,9 @@
 the tiny module of tests/distributed with sharded checkpoints
 (``save_distributed_checkpoint=True``).
 
-``main(out, devices, steps, ckpt_path)``: train to ``steps`` on ``devices`` gloo ranks (resuming
-``ckpt_path`` if given), a sharded checkpoint after every step in ``out/checkpoints`` (all
+``main(out, devices, steps, ckpt_path, sharded)``: train to ``steps`` on ``devices`` gloo ranks
+(resuming ``ckpt_path`` if given), a sharded (``sharded=False``: consolidated) checkpoint after
+every step in ``out/checkpoints`` (all
 kept, ``epoch=0-step=<N>.ckpt``, and ``last.ckpt``); rank 0
 writes ``out/state.pt``: the full model state (teachers excepted) and the full optimizer
 state, gathered from the shards, as the run ends.
@@ -32,7 +33,9 @@ def _full(t):
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
 
-def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> None:
+def main(
+    out: str, devices: int, steps: int, ckpt_path: str | None = None, sharded: bool = True
+) -> None:
     out_dir = Path(out)
     seed_everything(0, verbose=False)
     strategy = ModelParallelStrategy(
@@ -40,7 +43,7 @@ def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> No
         tensor_parallel_size=1,
         process_group_backend="gloo",
         timeout=timedelta(seconds=60),
-        save_distributed_checkpoint=True,
+        save_distributed_checkpoint=sharded,
     )
     module = build_module()
     checkpoints = ModelCheckpoint(
