@@ -25,12 +25,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.fabric.strategies.model_parallel import _load_checkpoint
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallel
 from torch import nn
 from torch.optim import Optimizer
+
+from radio_lit.errors import ConfigError
 
 
 def load_optimizer_shards(model: nn.Module, optimizer: Optimizer, key: str, path: Path) -> None:
@@ -109,3 +112,18 @@ class ModelParallelStrategy(_LightningModelParallel):
                     if key not in state["state"]:
                         optimizer.state.pop(param, None)
         return metadata
+
+
+def check_strategy(trainer: pl.Trainer) -> None:
+    """Refuse, before a ``fit``, Lightning's own ``ModelParallelStrategy``: the checkpoints it
+    writes would not resume (module docstring)."""
+    strategy = trainer.strategy
+    if isinstance(strategy, _LightningModelParallel) and not isinstance(
+        strategy, ModelParallelStrategy
+    ):
+        raise ConfigError(
+            "trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy cannot resume "
+            "radio-lit's checkpoints (it asks them for the teachers' weights and for optimizer "
+            "state of parameters not updated yet, e.g. FreezeBody's trunk); use "
+            "radio_lit.strategies.ModelParallelStrategy (same init_args)"
+        )
