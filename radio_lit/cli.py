@@ -47,6 +47,7 @@ from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
 from radio_lit.overlays import overlay_error
 from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit
+from radio_lit.strategies import check_strategy
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
@@ -196,6 +197,7 @@ class RadioLitCLI(LightningCLI):
             )
 
     def before_fit(self) -> None:
+        check_strategy(self.trainer)
         check_checkpoint_dir(self.trainer, self.model)
 
     def before_validate(self) -> None:

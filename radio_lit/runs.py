@@ -113,8 +113,14 @@ _CHECKPOINT_COPIES = 6
 def check_checkpoint_dir(trainer: pl.Trainer, module: pl.LightningModule) -> None:
     """Refuse, before training, a checkpoint folder that cannot be written or has too little
     free space for a checkpoint, rather than failing at the first save thousands of steps in.
-    Every rank checks the folder it would write to (on shared storage, the same one)."""
+    Every rank checks the folder it would write to (on shared storage, the same one); only
+    rank 0 creates it. This runs before the ranks have a process group, so another rank's run
+    folder is its own guess (:func:`name_run` counts the folders it sees), which Lightning
+    replaces by rank 0's once they have one (``Trainer.log_dir`` and ``ModelCheckpoint``
+    broadcast it): the other ranks check the nearest folder above it that exists."""
     folder = checkpoint_dir(trainer)
+    if not trainer.is_global_zero:
+        folder = next(p for p in (folder, *folder.parents) if p.is_dir())
     key = "the checkpoint folder (ModelCheckpoint dirpath, or the logger's save_dir)"
     probe = folder / f".radio-lit-write-test-{uuid.uuid4().hex}"
     try:

@@ -59,6 +59,14 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--model.fsdp2.layout", "block"],
         ["model.fsdp2.layout", "'student', 'blocks'", "block"],
     ),
+    "Lightning's own FSDP2 strategy (its checkpoints would not resume)": (
+        [
+            *FIT,
+            "--trainer.strategy",
+            '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}',
+        ],
+        ["trainer.strategy", "cannot resume", "radio_lit.strategies.ModelParallelStrategy"],
+    ),
     "FSDP2 prefetching no block": (
         [*FIT, "--model.fsdp2.prefetch", "0"],
         ["model.fsdp2.prefetch", "must be >= 1", "got 0"],

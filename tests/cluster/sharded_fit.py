@@ -2,8 +2,9 @@
 the tiny module of tests/distributed with sharded checkpoints
 (``save_distributed_checkpoint=True``).
 
-``main(out, devices, steps, ckpt_path)``: train to ``steps`` on ``devices`` gloo ranks (resuming
-``ckpt_path`` if given), a sharded checkpoint after every step in ``out/checkpoints`` (all
+``main(out, devices, steps, ckpt_path, sharded)``: train to ``steps`` on ``devices`` gloo ranks
+(resuming ``ckpt_path`` if given), a sharded (``sharded=False``: consolidated) checkpoint after
+every step in ``out/checkpoints`` (all
 kept, ``epoch=0-step=<N>.ckpt``, and ``last.ckpt``); rank 0
 writes ``out/state.pt``: the full model state (teachers excepted) and the full optimizer
 state, gathered from the shards, as the run ends.
@@ -17,20 +18,24 @@ from pathlib import Path
 import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from radio_lit.callbacks import NonFiniteGuard, RandomStates, TeacherStatsEstimation
+from radio_lit.callbacks import FreezeBody, NonFiniteGuard, RandomStates, TeacherStatsEstimation
 from radio_lit.data import SyntheticDataModule
+from radio_lit.strategies import ModelParallelStrategy
 from tests.builders import cpu_trainer
 from tests.distributed.distributed_fit import build_module
+
+FROZEN = 2
 
 
 def _full(t):
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
 
-def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> None:
+def main(
+    out: str, devices: int, steps: int, ckpt_path: str | None = None, sharded: bool = True
+) -> None:
     out_dir = Path(out)
     seed_everything(0, verbose=False)
     strategy = ModelParallelStrategy(
@@ -38,14 +43,17 @@ def main(out: str, devices: int, steps: int, ckpt_path: str | None = None) -> No
         tensor_parallel_size=1,
         process_group_backend="gloo",
         timeout=timedelta(seconds=60),
-        save_distributed_checkpoint=True,
+        save_distributed_checkpoint=sharded,
     )
     module = build_module()
     checkpoints = ModelCheckpoint(
         dirpath=str(out_dir / "checkpoints"), save_last=True, save_top_k=-1, every_n_train_steps=1
     )
     statistics = TeacherStatsEstimation(steps=2, refit_every=1)
-    callbacks = [statistics, NonFiniteGuard(), RandomStates(), checkpoints]  # as the stages
+    # as the stages; the trunk's first update at step 2: the checkpoints of steps 1 and 2 hold
+    # optimizer state for the heads only
+    freeze = FreezeBody(steps=FROZEN)
+    callbacks = [statistics, freeze, NonFiniteGuard(), RandomStates(), checkpoints]
     trainer = cpu_trainer(
         out_dir,
         devices=devices,

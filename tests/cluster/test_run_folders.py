@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
-from radio_lit.runs import name_run, prepare_fit, what_differs
+from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit, what_differs
 
 
 def _trainer(save_dir: Path, name: str = "quickstart") -> Trainer:
@@ -67,3 +69,28 @@ def test_a_variant_of_a_config_is_named_for_what_differs(tmp_path):
     trainer = _trainer(tmp_path)
     name_run(trainer, "fit", ["fit", *base])
     assert trainer.logger.version == "version_3"  # nothing differs: the next number
+
+
+def test_the_ranks_of_a_torchrun_leave_one_run_folder(tmp_path, monkeypatch):
+    """Rank 1 names its run before the ranks have a process group and, finding rank 0's new
+    folder, guesses the next number: it must not create that folder (Lightning gives it
+    rank 0's once the group is up), or an empty ``version_1-…/checkpoints`` is left."""
+    module = torch.nn.Linear(2, 2)
+    command = ["fit", "--config", "configs/quickstart.yaml", "--model.fsdp2.layout", "blocks"]
+    rank0 = _trainer(tmp_path)
+    name_run(rank0, "fit", command)
+    check_checkpoint_dir(rank0, module)
+    torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                "GROUP_RANK": "0", "TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500"}  # fmt: skip
+    for key, value in torchrun.items():
+        monkeypatch.setenv(key, value)
+    for rank_zero in (rank_zero_only, utils_rank_zero_only):  # the Trainer sets them to 1
+        monkeypatch.setattr(rank_zero, "rank", rank_zero.rank)
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="quickstart")
+    rank1 = Trainer(logger=logger, accelerator="cpu", devices=2, strategy="ddp")
+    assert rank1.global_rank == 1
+    name_run(rank1, "fit", command)
+    check_checkpoint_dir(rank1, module)
+    runs = [p.name for p in (tmp_path / "quickstart").iterdir()]
+    assert runs == ["version_0-fsdp2.layout=blocks"]
