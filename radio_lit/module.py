@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
+from radio_lit.errors import ConfigError
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
 from radio_lit.grid import GridPolicy, check_policies, student_input_size
@@ -202,8 +203,11 @@ class DistillationModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         """Place the partitions on this run's ranks; give each teacher's normalizer the
         process group of the ranks that run it (AM-RADIO 4, DESIGN.md "Distributed rules")."""
-        self.partitions.place(self.trainer.world_size, self.trainer.global_rank)
-        self.partitions.check_strategy(self.trainer.strategy)
+        try:
+            self.partitions.place(self.trainer.world_size, self.trainer.global_rank)
+            self.partitions.check_strategy(self.trainer.strategy)
+        except ValueError as error:  # the run's ranks or strategy do not fit model.partitions
+            raise ConfigError(str(error)) from error
         if not self.partitions.single:
             for name, (group, source) in self.partitions.process_groups().items():
                 for statistics in self.teacher_statistics().values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radio_lit.errors import ConfigError
 from radio_lit.partitions import Partition, PartitionPlan, assign_ranks
 from tests.builders import tiny_module
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher
@@ -143,6 +144,22 @@ def test_strategies_that_would_break_partitions_are_refused():
     )
     same.place(2, 0)
     same.check_strategy(ModelParallelStrategy())  # stage 3's shape: every rank, same calls
+
+
+def test_ranks_that_do_not_fit_the_partitions_are_a_config_error():
+    """Found at ``setup`` (the rank count is known only then, e.g. under torchrun): a
+    :class:`~radio_lit.errors.ConfigError`, which ``radio-lit`` prints as one line, exit 2."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    module = tiny_module(partitions={"a": Partition(["clip", "dino"], 5), "b": Partition(["sam"], 2)})
+    module._trainer = SimpleNamespace(world_size=4, global_rank=0, strategy=DDPStrategy())
+    with pytest.raises(ConfigError, match="batch_size=5 does not split over its 2 of 4 ranks"):
+        module.setup("fit")
+    module._trainer = SimpleNamespace(world_size=2, global_rank=0, strategy=DDPStrategy())
+    with pytest.raises(ConfigError, match="broadcast_buffers: false"):
+        module.setup("fit")
 
 
 def test_resolution_probabilities_and_evaluation_resolution():
