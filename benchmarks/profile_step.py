@@ -281,9 +281,9 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
     module = cli.model
     step_code.resize_view = clock.wrap("views", step_code.resize_view)
     student_step_code.teacher_view = clock.wrap("views", student_step_code.teacher_view)
-    module_code.to_loss_grid = clock.wrap("grid matching", module_code.to_loss_grid)
-    module_code.match_teachers = clock.wrap("grid matching", module_code.match_teachers)
-    module_code.balanced_loss = clock.wrap("losses", module_code.balanced_loss)
+    step_code.to_loss_grid = clock.wrap("grid matching", step_code.to_loss_grid)
+    step_code.match_teachers = clock.wrap("grid matching", step_code.match_teachers)
+    step_code.balanced_loss = clock.wrap("losses", step_code.balanced_loss)
     module_code.idle_heads_term = clock.wrap("losses", module_code.idle_heads_term)
     module.normalized_targets = clock.wrap("normalizers", module.normalized_targets)
     module.distillation_losses = clock.wrap("losses", module.distillation_losses)

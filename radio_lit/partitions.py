@@ -32,8 +32,9 @@ every rank (and the checkpoint rank 0 writes) holds every teacher's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -157,6 +158,7 @@ class PartitionPlan:
         patch_size: int,
     ) -> None:
         self.teachers = tuple(teachers)
+        self.default_resolution, self.patch_size = default_resolution, patch_size
         given = dict(partitions or {"all": Partition()})
         if not given:
             raise ValueError("model.partitions is empty; omit it for one partition of all teachers")
@@ -369,6 +371,27 @@ class PartitionPlan:
                     "ModelParallelStrategy (FSDP2): use trainer.strategy DDPStrategy with "
                     "broadcast_buffers: false"
                 )
+
+    def setup(
+        self, world_size: int, rank: int, strategy: object, statistics: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """A run's setup: place the partitions on its ranks (:meth:`place`), refuse its
+        strategy if it does not fit them (:meth:`check_strategy`; both raise ``ValueError``)
+        and give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process
+        group of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
+        self.place(world_size, rank)
+        self.check_strategy(strategy)
+        if self.single:
+            return
+        for name, (group, source) in self.process_groups().items():
+            for kind in statistics:
+                if name in kind:
+                    kind[name].set_process_group(group, source)
+
+    def grid(self, resolution: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The student's patch grid ``(h, w)`` at ``resolution`` (default: the module's)."""
+        height, width = resolution or self.default_resolution
+        return height // self.patch_size, width // self.patch_size
 
     def idle_teachers(self) -> list[str]:
         """Teachers that no partition of this rank runs in training."""

@@ -34,7 +34,7 @@ from radio_lit.students import Student, StudentOutput, TeacherHeads
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
 
-__all__ = ["StudentStep", "run_seed"]
+__all__ = ["DAMP", "MESA", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
 
 Triple = tuple[float, float, float]
 
@@ -118,6 +118,13 @@ class StudentStep:
         view = teacher_view(crop, size, self.mean, self.std)
         with weight_noise(self.damp, student, training):
             return student(view)
+
+    def forward(
+        self, student: Student, chunks: Sequence[Chunk], training: bool
+    ) -> list[StudentOutput]:
+        """``student`` on each chunk's view (:meth:`run`: at the chunk's resolution, shifted by
+        its student shift, with DAMP's noise when ``training``), one output per chunk."""
+        return [self.run(student, c.crop, c.resolution, student_shift(c), training) for c in chunks]
 
     def add_mesa(
         self,
