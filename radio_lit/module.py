@@ -139,7 +139,7 @@ class DistillationModule(pl.LightningModule):
         self.grid_policies = check_policies(grid_policy, overrides, interpolatable)
         size, mean, std = self.student_resolution, self.student_mean, self.student_std
         self.partitions = PartitionPlan(partitions, names, size, student.patch_size)
-        self.student_step = StudentStep(size, mean, std, shifts, damp, mesa)
+        self.student_step = StudentStep(student.patch_size, size, mean, std, shifts, damp, mesa)
         self.compile_option, self.fsdp2 = compile, fsdp2
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
@@ -156,10 +156,18 @@ class DistillationModule(pl.LightningModule):
         self.load_state_dict(weights, strict=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Every rank: teachers' accumulators that rank 0 does not hold reach it, then it saves."""
+        """Every rank: teachers' accumulators that rank 0 does not hold reach it, with every
+        rank's random streams (radio_lit.student_step), then it saves."""
         for prefix, statistics in self.teacher_statistics().items():
             sources, state = self.partitions.sources, checkpoint["state_dict"]
             teacher_stats.complete_checkpoint(statistics, sources, state, prefix)
+        checkpoint["random_streams"] = self.student_step.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """This rank's random streams back (radio_lit.student_step), when resuming."""
+        run = self._trainer
+        world, rank = (run.world_size, run.global_rank) if run is not None else (1, 0)
+        self.student_step.load_state_dict(checkpoint.get("random_streams"), world, rank)
 
     def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
         """The estimated per-teacher statistics: normalizers, dispersions (AngleBalanced)."""
@@ -247,7 +255,9 @@ class DistillationModule(pl.LightningModule):
         crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
         if train:  # shift-equivariant views of live teachers
-            chunks = self.student_step.views(chunks, live=not isinstance(batch, CachedBatch))
+            chunks = self.student_step.views(
+                chunks, self.teachers, not isinstance(batch, CachedBatch)
+            )
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
         students = self.student_step.forward(self.student, chunks, self.training)  # student
@@ -279,7 +289,7 @@ class DistillationModule(pl.LightningModule):
         self.log_dict(epoch_logs("test", self.metrics["test"]), sync_dist=True)
 
     def training_step(self, batch: Tensor | CachedBatch, batch_idx: int) -> Tensor:
-        self.student_step.begin(self.student, self.global_step)  # draws shared by all ranks
+        self.student_step.begin(self.student, self.global_step, self.global_rank)
         with spectral_step(self.student):  # σReparam: once per step, all layers together
             return self._shared_step(batch, "train")
 
