@@ -1,9 +1,5 @@
 """DistillationModule: one LightningModule per training stage (AM-RADIO sections 3-4; PHI-S 2).
-
-It orchestrates; each step's logic lives in its component (DESIGN.md, "One training step"):
-partitions, step, student_step (C-RADIOv4's parts around the student), normalizers.statistics,
-losses, metrics, optim, students.sharding, export (checkpoints), cache (teacher outputs).
-"""
+It orchestrates; each step's logic lives in its component (DESIGN.md, "One training step")."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from radio_lit import step
 from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
-from radio_lit.errors import ConfigError
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
 from radio_lit.grid import GridPolicy, check_policies, student_input_size
@@ -141,8 +136,7 @@ class DistillationModule(pl.LightningModule):
         self.partitions = PartitionPlan(partitions, names, size, student.patch_size)
         self.student_step = StudentStep(student.patch_size, size, mean, std, shifts, damp, mesa)
         self.compile_option, self.fsdp2 = compile, fsdp2
-        self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
-        self.refit_statistics = False
+        self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
         if init_from is not None:
             self.load_student_weights(init_from)
@@ -161,13 +155,10 @@ class DistillationModule(pl.LightningModule):
         for prefix, statistics in self.teacher_statistics().items():
             sources, state = self.partitions.sources, checkpoint["state_dict"]
             teacher_stats.complete_checkpoint(statistics, sources, state, prefix)
-        checkpoint["random_streams"] = self.student_step.state_dict()
+        self.student_step.save_streams(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """This rank's random streams back (radio_lit.student_step), when resuming."""
-        run = self._trainer
-        world, rank = (run.world_size, run.global_rank) if run is not None else (1, 0)
-        self.student_step.load_state_dict(checkpoint.get("random_streams"), world, rank)
+        self.student_step.load_streams(checkpoint, self._trainer)  # this rank's, on resume
 
     def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
         """The estimated per-teacher statistics: normalizers, dispersions (AngleBalanced)."""
@@ -175,18 +166,14 @@ class DistillationModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Partitions on the run's ranks; statistics on their teachers' groups (AM-RADIO 4)."""
-        run, statistics = self.trainer, self.teacher_statistics().values()
-        try:
-            self.partitions.setup(run.world_size, run.global_rank, run.strategy, statistics)
-        except ValueError as error:  # the run's ranks or strategy do not fit model.partitions
-            raise ConfigError(str(error)) from error
+        self.partitions.setup(self.trainer, self.teacher_statistics().values())
 
     def configure_model(self) -> None:
         """FSDP2 under ``ModelParallelStrategy`` (students.sharding), then ``model.compile``."""
         if self._device_mesh is not None:
-            bf16 = str(self.trainer.precision).startswith("bf16")
-            mesh = self.device_mesh["data_parallel"]
-            shard_module(self.student, self.heads, self.balancer, self.ema, mesh, bf16, self.fsdp2)
+            mesh, precision = self.device_mesh["data_parallel"], str(self.trainer.precision)
+            parts = self.student, self.heads, self.balancer, self.ema
+            shard_module(*parts, mesh, precision, self.fsdp2)
         compile_models([self.student, *self.teachers.values()], self.compile_option)
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -254,10 +241,8 @@ class DistillationModule(pl.LightningModule):
         train = stage == "train"
         crop = as_float_images(student_pixels(batch))  # data
         chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
-        if train:  # shift-equivariant views of live teachers
-            chunks = self.student_step.views(
-                chunks, self.teachers, not isinstance(batch, CachedBatch)
-            )
+        if train:  # shift-equivariant views (of live teachers only)
+            chunks = self.student_step.views(chunks, self.teachers, batch)
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         targets = self.normalized_targets(outputs)  # normalizers
         students = self.student_step.forward(self.student, chunks, self.training)  # student
@@ -302,11 +287,8 @@ class DistillationModule(pl.LightningModule):
     def test_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         return self._shared_step(batch, "test")
 
-    def on_predict_start(self) -> None:
-        self._inference = None  # rebuilt from the current weights by the first predict_step
-
     def predict_step(self, batch: Tensor, batch_idx: int) -> dict[str, TeacherOutput]:
         """``{"backbone" | teacher: TeacherOutput}`` by the exported model (PHI-S A.6; export)."""
-        if getattr(self, "_inference", None) is None:  # a folded copy, not a (saved) submodule
+        if batch_idx == 0 or getattr(self, "_inference", None) is None:  # now's weights, folded
             object.__setattr__(self, "_inference", module_inference_model(self))
         return self._inference(resize_view(as_float_images(batch), self.student_resolution))

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from radio_lit.errors import ConfigError
 from radio_lit.shifts import ChunkShifts
 from radio_lit.students.heads import TeacherHeads
 
@@ -372,15 +373,17 @@ class PartitionPlan:
                     "broadcast_buffers: false"
                 )
 
-    def setup(
-        self, world_size: int, rank: int, strategy: object, statistics: Iterable[Mapping[str, Any]]
-    ) -> None:
-        """A run's setup: place the partitions on its ranks (:meth:`place`), refuse its
-        strategy if it does not fit them (:meth:`check_strategy`; both raise ``ValueError``)
-        and give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process
-        group of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
-        self.place(world_size, rank)
-        self.check_strategy(strategy)
+    def setup(self, trainer: Any, statistics: Iterable[Mapping[str, Any]]) -> None:
+        """A run's setup (``trainer``: its ``world_size``, ``global_rank``, ``strategy``): place
+        the partitions on its ranks (:meth:`place`), refuse its strategy if it does not fit
+        them (:meth:`check_strategy`), both as a :class:`~radio_lit.errors.ConfigError`, and
+        give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process group
+        of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
+        try:
+            self.place(trainer.world_size, trainer.global_rank)
+            self.check_strategy(trainer.strategy)
+        except ValueError as error:  # the run's ranks or strategy do not fit model.partitions
+            raise ConfigError(str(error)) from error
         if self.single:
             return
         for name, (group, source) in self.process_groups().items():

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from radio_lit.cache.batch import CachedBatch
 from radio_lit.data.views import teacher_view
 from radio_lit.partitions import Chunk
 from radio_lit.random_streams import RankStream, gather_ranks, own_rank
@@ -112,14 +113,16 @@ class StudentStep:
             stream.start(run_seed(), rank)
 
     def views(
-        self, chunks: Sequence[Chunk], teachers: Mapping[str, Teacher], live: bool
+        self, chunks: Sequence[Chunk], teachers: Mapping[str, Teacher], batch: Any
     ) -> list[Chunk]:
         """The training step's ``chunks`` with their view shifts (drawn per chunk from this
         rank's shift stream, the student first, then each teacher, each within its view's
-        margin; :meth:`~radio_lit.shifts.PatchShifts.chunk_shifts`). Only ``live`` teachers
-        are shifted: a cached teacher's outputs are of the unshifted shared region."""
+        margin; :meth:`~radio_lit.shifts.PatchShifts.chunk_shifts`). Only live teachers are
+        shifted: a :class:`~radio_lit.cache.CachedBatch` ``batch`` holds the outputs of the
+        unshifted shared region."""
         if self.shifts is None:
             return list(chunks)
+        live = not isinstance(batch, CachedBatch)
         shifted = []
         for chunk in chunks:
             grid = (chunk.resolution[0] // self.patch, chunk.resolution[1] // self.patch)
@@ -158,8 +161,8 @@ class StudentStep:
             return student(view)
 
     def state_dict(self) -> list[dict[str, Any]]:
-        """Every rank's stream states, in rank order (for the checkpoint; every rank calls it
-        together: :func:`~radio_lit.random_streams.gather_ranks`)."""
+        """Every rank's stream states, in rank order (every rank calls it together:
+        :func:`~radio_lit.random_streams.gather_ranks`)."""
         return gather_ranks({name: s.state_dict() for name, s in self.streams.items()})
 
     def load_state_dict(
@@ -171,6 +174,17 @@ class StudentStep:
         for name, stream in self.streams.items():
             if state is not None and name in state:
                 stream.load_state_dict(state[name])
+
+    def save_streams(self, checkpoint: dict[str, Any]) -> None:
+        """``checkpoint["random_streams"]``: every rank's stream states (:meth:`state_dict`;
+        ``LightningModule.on_save_checkpoint``, which every rank runs)."""
+        checkpoint["random_streams"] = self.state_dict()
+
+    def load_streams(self, checkpoint: dict[str, Any], trainer: Any) -> None:
+        """This rank's streams from ``checkpoint`` (``on_load_checkpoint``; ``trainer`` gives the
+        rank, ``None`` outside a ``Trainer``: rank 0 of 1)."""
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        self.load_state_dict(checkpoint.get("random_streams"), world, rank)
 
     def forward(
         self, student: Student, chunks: Sequence[Chunk], training: bool

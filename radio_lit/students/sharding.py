@@ -155,13 +155,15 @@ def shard_module(
     balancer: nn.Module,
     ema: Any,
     mesh: Any,
-    bf16: bool,
+    precision: str,
     settings: FSDP2 = DEFAULT_FSDP2,
 ) -> None:
     """``DistillationModule.configure_model`` under ``ModelParallelStrategy``: the student,
-    heads and (learned) balancer by :func:`shard_for_training`, then the EMA student and
-    heads (:class:`~radio_lit.students.ema.EMAStudent`, or ``None``) sharded alike, so that
-    its update pairs each shard with the live student's same shard."""
+    heads and (learned) balancer by :func:`shard_for_training` (bf16 gathered weights under a
+    ``bf16`` Lightning ``precision``), then the EMA student and heads
+    (:class:`~radio_lit.students.ema.EMAStudent`, or ``None``) sharded alike, so that its
+    update pairs each shard with the live student's same shard."""
+    bf16 = precision.startswith("bf16")
     shard_for_training(student, heads.values(), balancer, mesh, bf16, settings)
     if ema is not None:
         shard_for_training(ema.student, ema.heads.values(), nn.Module(), mesh, bf16, settings)

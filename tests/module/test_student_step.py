@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
+from radio_lit.cache import CachedBatch
 from radio_lit.callbacks import RandomStates
 from radio_lit.partitions import Chunk
 from radio_lit.shifts import PatchShifts
@@ -32,9 +33,9 @@ def test_views_shift_the_student_and_only_live_teachers():
     module = tiny_module(shifts=PatchShifts(distribution="uniform", max_shift=2, margin=0.5))
     step, teachers = module.student_step, module.teachers
     torch.manual_seed(0)
-    (live,) = step.views([_chunk()], teachers, live=True)
+    (live,) = step.views([_chunk()], teachers, _chunk().crop)  # live teachers
     torch.manual_seed(0)
-    (cached,) = step.views([_chunk()], teachers, live=False)
+    (cached,) = step.views([_chunk()], teachers, CachedBatch(_chunk().crop, {}))
     assert live.shifts is not None and cached.shifts is not None
     assert live.shifts.teachers.keys() == {"clip", "sam"} and cached.shifts.teachers == {}
     assert torch.equal(live.shifts.student, cached.shifts.student)  # drawn first, alike
@@ -42,7 +43,7 @@ def test_views_shift_the_student_and_only_live_teachers():
     assert live.shifts.student.device.type == "cpu" and live.shifts.margin == 0.5
     unshifted = StudentStep(16, (64, 64), MEAN, STD)
     chunk = _chunk()
-    assert unshifted.views([chunk], teachers, live=True) == [chunk]
+    assert unshifted.views([chunk], teachers, chunk.crop) == [chunk]
 
 
 def test_each_rank_draws_from_its_own_streams_and_the_global_generators_stay():
@@ -57,7 +58,7 @@ def test_each_rank_draws_from_its_own_streams_and_the_global_generators_stay():
         module.student_step.begin(module.student, 0, rank)
         state = torch.get_rng_state()
         chunks = module.partitions.chunks(crop, True)
-        (chunk,) = module.student_step.views(chunks, module.teachers, True)
+        (chunk,) = module.student_step.views(chunks, module.teachers, crop)
         out = module.run_student(chunk.crop, chunk.resolution, chunk.shifts.student).features
         assert torch.equal(state, torch.get_rng_state())
         return chunk.shifts.student, out.detach()

@@ -36,7 +36,7 @@ def main(rank: int, world_size: int, init_file: str, output: str) -> None:
     student, heads = tiny_student(), teacher_heads(32, {"t": (24, 16)})
     ema = EMAStudent(student, heads, decay=0.5)
     mesh = init_device_mesh("cpu", (world_size,))
-    shard_module(student, heads, torch.nn.Module(), ema, mesh, bf16=True)
+    shard_module(student, heads, torch.nn.Module(), ema, mesh, "bf16-mixed")
     optimizer = torch.optim.SGD([*student.parameters(), *heads.parameters()], lr=0.1)
     images = torch.rand(2, 3, 64, 64)
     with torch.no_grad():

@@ -19,7 +19,7 @@ from tests.builders import tiny_module
 
 def _draw(module, crop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (chunk,) = module.partitions.chunks(crop, train=True)
-    (chunk,) = module.student_step.views([chunk], module.teachers, live=True)
+    (chunk,) = module.student_step.views([chunk], module.teachers, crop)
     features = module.run_student(chunk.crop, chunk.resolution, chunk.shifts.student).features
     shifts = torch.cat([chunk.shifts.student, *chunk.shifts.teachers.values()])
     return shifts, features.detach()
