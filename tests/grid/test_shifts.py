@@ -210,5 +210,17 @@ def test_shifts_work_with_every_grid_policy(tmp_path, policy):
     plain = _fit(tmp_path / "plain", grid_policy=policy)
     zero = _fit(tmp_path / "zero", grid_policy=policy, shifts=PatchShifts(std=0.0, margin=0.0))
     assert all(torch.equal(plain[k], zero[k]) for k in plain)
-    shifted = _fit(tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform", margin=0.5))
+    shifted = _fit(
+        tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform", margin=0.5)
+    )
     assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
+
+
+def test_a_cache_written_for_another_margin_is_refused():
+    """Cached teacher outputs are of the crop's shared region: a run viewing another region
+    (another model.shifts margin) is refused in one line."""
+    from radio_lit.cache.manifest import Manifest, check_run
+
+    manifest = Manifest({}, {"view_margin": 0.125}, views=1, dtype="float32", samples_per_shard=1)
+    with pytest.raises(ValueError, match="less a 0.125 margin, this run views it less a 0.25"):
+        check_run(manifest, "cache", {}, None, 16, margin=0.25)  # type: ignore[arg-type]

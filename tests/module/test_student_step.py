@@ -169,3 +169,23 @@ def test_vitdet_is_drawn_once_per_optimizer_step_from_the_runs_seed(tmp_path, mo
     trainer = cpu_trainer(tmp_path, max_steps=2, accumulate_grad_batches=2)
     trainer.fit(tiny_module(student=student), image_batches(num_images=16))
     assert calls == [(3, 0), (3, 0), (3, 1), (3, 1)]
+
+
+def test_shifted_views_damp_and_mesa_read_no_device_value(tmp_path: Path):
+    """The GPU profile found 4 device reads per step in the shifts (``bool(tokens.any())``):
+    shifts are drawn and kept on the host now, so a step with shifts, DAMP and MESA reads one
+    device value, the guard's verdict (benchmarks/dispatch.py's ScalarReads follows on a CPU
+    which tensors a GPU would hold)."""
+    from radio_lit.callbacks import NonFiniteGuard
+    from tests.callbacks.test_host_syncs import DeviceReadsPerStep
+
+    torch.manual_seed(0)
+    shifts = PatchShifts("uniform", max_shift=1, margin=0.25)
+    module = tiny_module(shifts=shifts, damp=DAMP(std=0.1), mesa=MESA(decay=0.5))
+    probe = DeviceReadsPerStep()
+    callbacks = [NonFiniteGuard(), probe]
+    trainer = cpu_trainer(tmp_path, max_steps=3, log_every_n_steps=50, callbacks=callbacks)
+    trainer.fit(module, image_batches(12, 4))
+    assert probe.logged[1] is False
+    assert sum(probe.steps[1].values()) == 1, probe.steps[1]
+    assert all("radio_lit/callbacks/guard.py" in where for where in probe.steps[1])
