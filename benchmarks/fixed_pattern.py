@@ -3,10 +3,11 @@
 C-RADIOv4 report 2.3: plain MSE teaches the student the teacher's position-locked noise
 (SigLIP2's border holes, SAM's window borders, DINOv3's speckles); shifting every view by
 whole patches makes the pattern unpredictable from the student's input. A toy that isolates the
-claim, with radio-lit's own geometry (:mod:`radio_lit.shifts`: ``shift_view``,
+claim, with radio-lit's own geometry (:mod:`radio_lit.shifts`: ``shifted_view``,
 ``to_crop_frame``, ``masked_loss``, ``PatchShifts``):
 
-* images: random smooth RGB images, 64 px (a sum of random low-frequency waves);
+* images: random smooth RGB images, 96 px (a sum of random low-frequency waves): a 64 px shared
+  region with a 16 px margin (two patches) that each view's own shifted crop moves into;
 * teacher: a fixed random linear map of each 8 px patch's pixels (shift-equivariant content,
   16 channels) **plus** a fixed random pattern ``P [8, 8, 16]`` added at each token position
   of the teacher's own view (unit energy per token, like the content's);
@@ -33,17 +34,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from radio_lit.losses import MSE
-from radio_lit.shifts import PatchShifts, masked_loss, shift_view, to_crop_frame
+from radio_lit.shifts import PatchShifts, masked_loss, shifted_view, to_crop_frame
 
 PATCH, SIDE, DIM = 8, 64, 16
 GRID = SIDE // PATCH
+MARGIN = 2 * PATCH / SIDE  # a fraction of the region's side on each side: two patches
 
 
 def images(count: int, generator: torch.Generator) -> Tensor:
-    """``[count, 3, 64, 64]`` smooth random images in ``[0, 1]``."""
-    coords = torch.linspace(0, 1, SIDE)
+    """``[count, 3, 96, 96]`` smooth random images in ``[0, 1]``: the 64 px region and its
+    16 px margin."""
+    side = int(SIDE * (1 + 2 * MARGIN))
+    coords = torch.linspace(0, side / SIDE, side)
     rows, cols = torch.meshgrid(coords, coords, indexing="ij")
-    out = torch.zeros(count, 3, SIDE, SIDE)
+    out = torch.zeros(count, 3, side, side)
     for _ in range(6):
         freq = torch.rand(count, 3, 2, generator=generator) * 6
         phase = torch.rand(count, 3, 1, 1, generator=generator) * 2 * math.pi
@@ -95,16 +99,21 @@ def train(shifts: PatchShifts | None, seed: int, steps: int, batch: int) -> dict
     for _ in range(steps):
         crop = images(batch, generator)
         if shifts is None:
-            loss = F.mse_loss(student(crop), teacher(crop))
+            region = shifted_view(crop, (SIDE, SIDE), MARGIN)
+            loss = F.mse_loss(student(region), teacher(region))
         else:
             k_s, k_t = shifts.draw(batch), shifts.draw(batch)
-            pred, seen_s = to_crop_frame(student(shift_view(crop, k_s, PATCH, (0.5,) * 3)), k_s)
-            target, seen_t = to_crop_frame(teacher(shift_view(crop, k_t, PATCH, (0.5,) * 3)), k_t)
+            student_view = shifted_view(crop, (SIDE, SIDE), MARGIN, k_s, PATCH)
+            teacher_view = shifted_view(crop, (SIDE, SIDE), MARGIN, k_t, PATCH)
+            pred, seen_s = to_crop_frame(student(student_view), k_s)
+            target, seen_t = to_crop_frame(teacher(teacher_view), k_t)
             loss = masked_loss(MSE(), pred, target, seen_s & seen_t, False)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    test = images(256, torch.Generator().manual_seed(10_000 + seed))
+    test = shifted_view(
+        images(256, torch.Generator().manual_seed(10_000 + seed)), (SIDE, SIDE), MARGIN
+    )
     with torch.no_grad():
         pred, clean = student(test), teacher.clean(test)
     residual = (pred - clean).mean(0)

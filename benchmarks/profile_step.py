@@ -279,11 +279,12 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
     import radio_lit.student_step as student_step_code
 
     module = cli.model
-    step_code.resize_view = clock.wrap("views", step_code.resize_view)
+    step_code.outer_view = clock.wrap("views", step_code.outer_view)
     student_step_code.teacher_view = clock.wrap("views", student_step_code.teacher_view)
-    module_code.to_loss_grid = clock.wrap("grid matching", module_code.to_loss_grid)
-    module_code.match_teachers = clock.wrap("grid matching", module_code.match_teachers)
-    module_code.balanced_loss = clock.wrap("losses", module_code.balanced_loss)
+    instrument_student_step(module, clock)
+    step_code.to_loss_grid = clock.wrap("grid matching", step_code.to_loss_grid)
+    step_code.match_teachers = clock.wrap("grid matching", step_code.match_teachers)
+    step_code.balanced_loss = clock.wrap("losses", step_code.balanced_loss)
     module_code.idle_heads_term = clock.wrap("losses", module_code.idle_heads_term)
     module.normalized_targets = clock.wrap("normalizers", module.normalized_targets)
     module.distillation_losses = clock.wrap("losses", module.distillation_losses)
@@ -298,6 +299,35 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
         if type(callback).__name__ == "NonFiniteGuard":
             for hook in ("on_train_batch_start", "on_before_optimizer_step"):
                 setattr(callback, hook, clock.wrap("guard", getattr(callback, hook)))
+
+
+def instrument_student_step(module: Any, clock: PhaseClock) -> None:
+    """C-RADIOv4's parts around the student (radio_lit.student_step): the view shifts (drawn
+    on the host, views cut from the crop, maps moved back to the region's frame: "shifts",
+    the resizes: "views"), DAMP's noise (inside "student forward"), the EMA student's forward
+    (MESA's) and its update after each optimizer step, and the MESA term ("losses")."""
+    import radio_lit.shifts as shifts_code
+    import radio_lit.step as step_code
+    import radio_lit.student_step as student_step_code
+    import radio_lit.students.ema as ema_code
+
+    shifts_code.outer_view = clock.wrap("views", shifts_code.outer_view)
+    for code in (shifts_code, step_code):
+        code.cut_view = clock.wrap("shifts", code.cut_view)
+    for code in (step_code, ema_code):
+        code.to_crop_frame = clock.wrap("shifts", code.to_crop_frame)
+    student_step_code.mesa_loss = clock.wrap("losses", student_step_code.mesa_loss)
+    step = module.student_step
+    step.views = clock.wrap("shifts", step.views)
+    if step.damp is not None:
+        step.damp.apply = clock.wrap("DAMP", step.damp.apply)
+    if module.ema is not None:
+        clock.hook_module("EMA forward", module.ema.student)
+        for pair in module.ema.heads.values():
+            for head in (pair.features, pair.summary):
+                if head is not None:
+                    clock.hook_module("EMA forward", head)
+        module.ema.update = clock.wrap("EMA update", module.ema.update)
 
 
 # ------------------------------------------------------------------------------------------

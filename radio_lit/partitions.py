@@ -32,13 +32,15 @@ every rank (and the checkpoint rank 0 writes) holds every teacher's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from radio_lit.errors import ConfigError
 from radio_lit.shifts import ChunkShifts
 from radio_lit.students.heads import TeacherHeads
 
@@ -157,6 +159,7 @@ class PartitionPlan:
         patch_size: int,
     ) -> None:
         self.teachers = tuple(teachers)
+        self.default_resolution, self.patch_size = default_resolution, patch_size
         given = dict(partitions or {"all": Partition()})
         if not given:
             raise ValueError("model.partitions is empty; omit it for one partition of all teachers")
@@ -369,6 +372,29 @@ class PartitionPlan:
                     "ModelParallelStrategy (FSDP2): use trainer.strategy DDPStrategy with "
                     "broadcast_buffers: false"
                 )
+
+    def setup(self, trainer: Any, statistics: Iterable[Mapping[str, Any]]) -> None:
+        """A run's setup (``trainer``: its ``world_size``, ``global_rank``, ``strategy``): place
+        the partitions on its ranks (:meth:`place`), refuse its strategy if it does not fit
+        them (:meth:`check_strategy`), both as a :class:`~radio_lit.errors.ConfigError`, and
+        give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process group
+        of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
+        try:
+            self.place(trainer.world_size, trainer.global_rank)
+            self.check_strategy(trainer.strategy)
+        except ValueError as error:  # the run's ranks or strategy do not fit model.partitions
+            raise ConfigError(str(error)) from error
+        if self.single:
+            return
+        for name, (group, source) in self.process_groups().items():
+            for kind in statistics:
+                if name in kind:
+                    kind[name].set_process_group(group, source)
+
+    def grid(self, resolution: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The student's patch grid ``(h, w)`` at ``resolution`` (default: the module's)."""
+        height, width = resolution or self.default_resolution
+        return height // self.patch_size, width // self.patch_size
 
     def idle_teachers(self) -> list[str]:
         """Teachers that no partition of this rank runs in training."""

@@ -19,15 +19,15 @@ import torch
 from torch import Tensor, nn
 
 from radio_lit.cache.batch import CachedBatch
-from radio_lit.data.views import resize_view
 from radio_lit.grid import GridPolicy, loss_grid, resample
 from radio_lit.losses import Balancer
 from radio_lit.partitions import Chunk
 from radio_lit.shifts import (
     combined_mask,
+    cut_view,
     masked_loss,
+    outer_view,
     resample_mask,
-    shift_view,
     to_crop_frame,
 )
 from radio_lit.students import StudentOutput, TeacherHeads
@@ -71,6 +71,7 @@ def run_teachers(
     names: Sequence[str],
     grid: tuple[int, int],
     shifts: Mapping[str, Tensor] | None = None,
+    margin: float = 0.0,
 ) -> dict[str, TeacherOutput]:
     """Frozen teachers ``names`` on their own views of the crop ``[B, 3, S, S]``.
 
@@ -78,8 +79,10 @@ def run_teachers(
     patch size if it follows the student. The crop is resized once per distinct view size;
     each teacher then only normalizes it. Features stay on each teacher's own grid.
 
-    A teacher in ``shifts`` (``[B, 2]`` whole patches of its own, :mod:`radio_lit.shifts`)
-    sees its view shifted; its features come back in the crop frame with their validity.
+    With a ``margin`` (:mod:`radio_lit.shifts`), a view shows the crop's shared region, and a
+    teacher in ``shifts`` (``[B, 2]`` whole patches of its own, on the host) its own crop of
+    the image moved by its shift; its features come back in the region's frame with their
+    validity.
     """
     resized: dict[tuple[int, int], Tensor] = {}
     outputs = {}
@@ -87,13 +90,13 @@ def run_teachers(
         teacher = teachers[name]
         size = teacher.view_size(grid)
         if size not in resized:
-            resized[size] = resize_view(crop, size)
+            resized[size] = outer_view(crop, size, margin)
         shift = (shifts or {}).get(name)
-        if shift is None:
-            outputs[name] = teacher(resized[size], size)
-            continue
-        view = shift_view(resized[size], shift, teacher.patch_size, teacher.mean)
+        view = cut_view(resized[size], size, margin, shift, teacher.patch_size)
         out = teacher(view, size)
+        if shift is None:
+            outputs[name] = out
+            continue
         tokens = (size[0] // teacher.patch_size, size[1] // teacher.patch_size)
         if tuple(out.features.shape[1:3]) != tokens:
             raise ValueError(
@@ -117,8 +120,10 @@ def teacher_outputs(
     if isinstance(batch, CachedBatch):
         sizes = {name: teachers[name].view_size(grid) for name in chunk.teachers}
         return batch.teacher_outputs(chunk.rows, chunk.teachers, sizes)
-    shifts = chunk.shifts.teachers if chunk.shifts is not None else None
-    return run_teachers(teachers, chunk.crop, chunk.teachers, grid, shifts)
+    if chunk.shifts is None:
+        return run_teachers(teachers, chunk.crop, chunk.teachers, grid)
+    shifts, margin = chunk.shifts.teachers, chunk.shifts.margin
+    return run_teachers(teachers, chunk.crop, chunk.teachers, grid, shifts, margin)
 
 
 def to_loss_grid(

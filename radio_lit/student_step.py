@@ -5,17 +5,28 @@
 ``model.mesa``) and gives ``DistillationModule`` one call per phase of its step:
 
 1. :meth:`~StudentStep.begin`: the step's draws that every rank shares (the student's
-   :meth:`~radio_lit.students.Student.begin_step`: whether a CPE ViT runs ViTDet windows);
+   :meth:`~radio_lit.students.Student.begin_step`: whether a CPE ViT runs ViTDet windows),
+   and this rank's own random streams (:mod:`radio_lit.random_streams`);
 2. :meth:`~StudentStep.views`: each chunk's view shifts (:mod:`radio_lit.shifts`);
-3. :meth:`~StudentStep.run`: the student on its (shifted) view of a chunk's crop, with
-   DAMP's weight noise in training forwards (:mod:`radio_lit.students.damp`);
-4. :meth:`~StudentStep.add_mesa`: the MESA term, the EMA student on its own shifted view
+3. :meth:`~StudentStep.run` / :meth:`~StudentStep.forward`: the student on its (shifted) crop
+   of a chunk's images, with DAMP's weight noise in training forwards
+   (:mod:`radio_lit.students.damp`);
+4. :meth:`~StudentStep.add_mesa`: the MESA term, the EMA student on its own shifted crop
    (:mod:`radio_lit.students.ema`);
 5. :meth:`~StudentStep.follow`: the EMA student follows each optimizer update.
 
+**Per-rank draws.** The draws of 2-4 differ per rank and per image: each rank draws its shifts
+(and the EMA's) from its own stream, and runs every training forward of the student with its
+own stream in place of torch's default generators, so DAMP's noise (a fresh draw per
+sub-batch per device, Trinh et al. 2024), the CPE windows and dropout differ between ranks.
+Both streams are seeded from the run's seed and the global rank, and every rank's state is in
+each checkpoint (:meth:`~StudentStep.state_dict`): a resumed run draws what the interrupted one
+would have. The draws every rank must share (ViTDet on or off, the partitions' resolutions)
+stay with the run's seed and step, or torch's global generators.
+
 The student, its heads and the EMA student stay submodules of the LightningModule (their
 state-dict keys ``student.*``, ``heads.*``, ``ema.*``; FSDP2 and ``torch.compile`` act on
-them there) and are passed to each call; this object holds configuration only.
+them there) and are passed to each call; this object holds configuration and random streams.
 """
 
 from __future__ import annotations
@@ -23,20 +34,27 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from radio_lit.data.views import resize_view, teacher_view
+from radio_lit.cache.batch import CachedBatch
+from radio_lit.data.views import teacher_view
 from radio_lit.partitions import Chunk
-from radio_lit.shifts import PatchShifts, shift_view
+from radio_lit.random_streams import RankStream, gather_ranks, own_rank
+from radio_lit.shifts import PatchShifts, shifted_view
 from radio_lit.students import Student, StudentOutput, TeacherHeads
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
+from radio_lit.teachers import Teacher
 
-__all__ = ["StudentStep", "run_seed"]
+__all__ = ["DAMP", "MESA", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
 
 Triple = tuple[float, float, float]
+
+#: :class:`~radio_lit.random_streams.RankStream` purposes.
+_FORWARD, _SHIFTS = 1, 2
 
 
 def run_seed() -> int:
@@ -47,7 +65,8 @@ def run_seed() -> int:
 
 
 def student_shift(chunk: Chunk) -> Tensor | None:
-    """The student's view shift of ``chunk`` (``[n, 2]`` tokens), or ``None`` (unshifted)."""
+    """The student's view shift of ``chunk`` (``[n, 2]`` tokens, host), or ``None``
+    (the whole crop, unshifted: no ``model.shifts``, or evaluation)."""
     return chunk.shifts.student if chunk.shifts is not None else None
 
 
@@ -55,8 +74,9 @@ class StudentStep:
     """C-RADIOv4's training parts around the student (module docstring).
 
     Args:
+        patch: the student's patch size.
         resolution: ``(H, W)`` the student's default view size.
-        mean: the student's pixel mean (also the fill of a shifted view's border).
+        mean: the student's pixel mean.
         std: the student's pixel std.
         shifts: shift-equivariant views (report 2.3.1); ``None``: unshifted.
         damp: weight noise in training forwards (report 2.4); ``None``: off.
@@ -65,6 +85,7 @@ class StudentStep:
 
     def __init__(
         self,
+        patch: int,
         resolution: tuple[int, int],
         mean: Triple,
         std: Triple,
@@ -72,34 +93,49 @@ class StudentStep:
         damp: DAMP | None = None,
         mesa: MESA | None = None,
     ) -> None:
+        self.patch = patch
         self.resolution = resolution
         self.mean = mean
         self.std = std
         self.shifts = shifts
         self.damp = damp
         self.mesa = mesa
+        self.margin = shifts.margin if shifts is not None else 0.0
+        self.streams = {"forward": RankStream(_FORWARD), "shifts": RankStream(_SHIFTS)}
 
-    def begin(self, student: Student, step: int) -> None:
-        """Before training step ``step`` (the optimizer step, restored on resume): the
-        student's per-step draws, from the run's seed and ``step`` only (:func:`run_seed`),
-        hence the same on every rank with no collective and the same after a resume."""
+    def begin(self, student: Student, step: int, rank: int = 0) -> None:
+        """Before training step ``step`` (the optimizer step, restored on resume) on global
+        rank ``rank``: the student's per-step draws, from the run's seed and ``step`` only
+        (:func:`run_seed`), hence the same on every rank with no collective and the same after
+        a resume; and this rank's streams, seeded once from the run's seed and ``rank``."""
         student.begin_step(run_seed(), step)
+        for stream in self.streams.values():
+            stream.start(run_seed(), rank)
 
-    def views(self, chunks: Sequence[Chunk], live: bool) -> list[Chunk]:
-        """The training step's ``chunks`` with their view shifts (drawn per chunk, the student
-        first, then each teacher; :meth:`~radio_lit.shifts.PatchShifts.chunk_shifts`). Only
-        ``live`` teachers are shifted: a cached teacher's outputs are of its unshifted view."""
+    def views(
+        self, chunks: Sequence[Chunk], teachers: Mapping[str, Teacher], batch: Any
+    ) -> list[Chunk]:
+        """The training step's ``chunks`` with their view shifts (drawn per chunk from this
+        rank's shift stream, the student first, then each teacher, each within its view's
+        margin; :meth:`~radio_lit.shifts.PatchShifts.chunk_shifts`). Only live teachers are
+        shifted: a :class:`~radio_lit.cache.CachedBatch` ``batch`` holds the outputs of the
+        unshifted shared region."""
         if self.shifts is None:
             return list(chunks)
-        return [
-            dataclasses.replace(
-                chunk,
-                shifts=self.shifts.chunk_shifts(
-                    chunk.crop.shape[0], chunk.teachers if live else (), chunk.crop.device
-                ),
-            )
-            for chunk in chunks
-        ]
+        live = not isinstance(batch, CachedBatch)
+        shifted = []
+        for chunk in chunks:
+            grid = (chunk.resolution[0] // self.patch, chunk.resolution[1] // self.patch)
+            views = {
+                name: (teachers[name].view_size(grid), teachers[name].patch_size)
+                for name in (chunk.teachers if live else ())
+            }
+            with self.streams["shifts"].active(torch.device("cpu")):
+                drawn = self.shifts.chunk_shifts(
+                    chunk.crop.shape[0], (chunk.resolution, self.patch), views
+                )
+            shifted.append(dataclasses.replace(chunk, shifts=drawn))
+        return shifted
 
     def run(
         self,
@@ -110,14 +146,52 @@ class StudentStep:
         training: bool = False,
     ) -> StudentOutput:
         """``student`` on its view of ``crop [B, 3, S, S]`` at ``resolution`` (default: the
-        student's), shifted by ``shift [B, 2]`` whole patches; with DAMP's weight noise when
+        student's): with ``shift [B, 2]`` (host; zeros allowed), the crop's shared region
+        moved by that many whole patches (:func:`~radio_lit.shifts.shifted_view`), else the
+        whole crop; with this rank's forward stream and DAMP's weight noise when
         ``training``."""
         size = resolution or self.resolution
-        if shift is not None:
-            crop = shift_view(resize_view(crop, size), shift, student.patch_size, self.mean)
-        view = teacher_view(crop, size, self.mean, self.std)
-        with weight_noise(self.damp, student, training):
+        margin = self.margin if shift is not None else 0.0
+        view = teacher_view(
+            shifted_view(crop, size, margin, shift, self.patch), size, self.mean, self.std
+        )
+        if not training:
             return student(view)
+        with self.streams["forward"].active(view.device), weight_noise(self.damp, student, True):
+            return student(view)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Every rank's stream states, in rank order (every rank calls it together:
+        :func:`~radio_lit.random_streams.gather_ranks`)."""
+        return gather_ranks({name: s.state_dict() for name, s in self.streams.items()})
+
+    def load_state_dict(
+        self, ranks: list[dict[str, Any]] | None, world_size: int, rank: int
+    ) -> None:
+        """This rank's stream states from :meth:`state_dict`'s ``ranks`` (kept fresh, with a
+        warning, from a checkpoint of another rank count; nothing in one written before)."""
+        state = own_rank(ranks, world_size, rank, "random streams")
+        for name, stream in self.streams.items():
+            if state is not None and name in state:
+                stream.load_state_dict(state[name])
+
+    def save_streams(self, checkpoint: dict[str, Any]) -> None:
+        """``checkpoint["random_streams"]``: every rank's stream states (:meth:`state_dict`;
+        ``LightningModule.on_save_checkpoint``, which every rank runs)."""
+        checkpoint["random_streams"] = self.state_dict()
+
+    def load_streams(self, checkpoint: dict[str, Any], trainer: Any) -> None:
+        """This rank's streams from ``checkpoint`` (``on_load_checkpoint``; ``trainer`` gives the
+        rank, ``None`` outside a ``Trainer``: rank 0 of 1)."""
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        self.load_state_dict(checkpoint.get("random_streams"), world, rank)
+
+    def forward(
+        self, student: Student, chunks: Sequence[Chunk], training: bool
+    ) -> list[StudentOutput]:
+        """``student`` on each chunk's view (:meth:`run`: at the chunk's resolution, shifted by
+        its student shift, with DAMP's noise when ``training``), one output per chunk."""
+        return [self.run(student, c.crop, c.resolution, student_shift(c), training) for c in chunks]
 
     def add_mesa(
         self,
@@ -152,8 +226,12 @@ class StudentStep:
         ``applies_to`` names."""
         assert self.mesa is not None
         ema_shift = None
-        if self.shifts is not None and self.shifts.student:
-            ema_shift = self.shifts.draw(chunk.crop.shape[0]).to(chunk.crop.device)
+        if self.shifts is not None:  # its own crop of the shared region (zeros: unshifted)
+            ema_shift = torch.zeros(chunk.crop.shape[0], 2, dtype=torch.long)
+            if self.shifts.student:
+                with self.streams["shifts"].active(torch.device("cpu")):
+                    draws = self.shifts.draw(chunk.crop.shape[0])
+                ema_shift = self.shifts.within_margin(draws, (chunk.resolution, self.patch), "EMA")
         with torch.no_grad():
             average = self.run(ema.student, chunk.crop, chunk.resolution, ema_shift)
         maps, ema_maps = {}, {}

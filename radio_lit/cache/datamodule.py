@@ -210,6 +210,7 @@ class CachedViews(ImageDataModule):
                     module.teachers,
                     module.partitions,
                     module.student.patch_size,
+                    module.student_step.margin,
                 )
             except ValueError as error:
                 raise ConfigError(f"data.init_args.path: {error}") from error

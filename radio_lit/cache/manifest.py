@@ -123,7 +123,7 @@ class Manifest:
     Attributes:
         teachers: name -> ``{"config", "signature", "sizes", "shapes"}``; ``shapes`` maps each
             stored key (:func:`radio_lit.cache.batch.output_key`) to its per-view shape.
-        data: ``{"config": the run's data section, "crop_size", "seed", "num_items",
+        data: ``{"config": the run's data section, "crop_size", "view_margin", "seed", "num_items",
             "batch_size", "val_dir", "val_items"}``; ``val_items`` validation views (the
             center crops of ``val_dir``) are in :data:`VAL_FILE`.
         views: views cached per image.
@@ -250,14 +250,22 @@ def check_run(
     teachers: Mapping[str, Teacher],
     plan: PartitionPlan,
     patch_size: int,
+    margin: float = 0.0,
 ) -> None:
     """Refuse, with one line naming the first difference, a run the cache cannot feed.
 
-    The run's teachers must be the cache's (same names, same signature), and every view size
-    the run can draw (:func:`view_sizes`) must be cached. Normalizers, losses, balancers, the
+    The run's teachers must be the cache's (same names, same signature), every view size
+    the run can draw (:func:`view_sizes`) must be cached, and the training views must show the
+    same region of the crop (``model.shifts``' ``margin``). Normalizers, losses, balancers, the
     grid policy and the student may differ: they come after the teachers.
     """
     fix = "write a cache for this run with radio-lit cache --config RUN.yaml --out NEW_DIR"
+    cached_margin = float(manifest.data.get("view_margin", 0.0))
+    if cached_margin != margin:
+        raise ValueError(
+            f"the cache {folder} holds teacher views of the crop less a {cached_margin} margin, "
+            f"this run views it less a {margin} margin (model.shifts.init_args.margin): {fix}"
+        )
     missing = [name for name in teachers if name not in manifest.teachers]
     if missing:
         raise ValueError(

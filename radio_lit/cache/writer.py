@@ -193,6 +193,7 @@ class _Recorder:
         self.teachers = module.teachers.to(device)
         self.plan = module.partitions
         self.patch = module.student.patch_size
+        self.margin = module.student_step.margin  # training views: the crop's shared region
         self.device = device
         half = {"bf16": torch.bfloat16, "16": torch.float16}
         autocast = next((d for p, d in half.items() if precision.startswith(p)), None)
@@ -202,16 +203,20 @@ class _Recorder:
             else nullcontext()
         )
 
-    def __call__(self, pixels: Tensor, rows: Mapping[str, slice]) -> dict[str, Tensor]:
+    def __call__(
+        self, pixels: Tensor, rows: Mapping[str, slice], train: bool = True
+    ) -> dict[str, Tensor]:
         """Outputs ``{output_key: [B, ...] float32}`` of each partition's teachers on its
         ``rows`` of the crops ``pixels [B, 3, S, S]`` uint8 (all at once, as the step runs
-        them), at every student resolution of the partition.
+        them), at every student resolution of the partition; ``train``: of the crop's shared
+        region (``model.shifts``' margin, :mod:`radio_lit.shifts`), else of the whole crop.
 
         The rows no partition of a teacher takes here are then run through it together
         [choice]: a replay in another grouping reads them, which the cache allows only
         without mosaics (equal up to rounding, :func:`~radio_lit.cache.grouping.grouping_problem`).
         """
         crop = as_float_images(pixels.to(self.device))
+        margin = self.margin if train else 0.0
         stored: dict[str, Tensor] = {}
         filled: dict[str, Tensor] = {}  # features key -> rows holding the teacher's outputs
         with torch.no_grad(), self.autocast:
@@ -223,12 +228,12 @@ class _Recorder:
                         for n in self.plan.members[partition]
                         if not self._filled(filled, n, grid, index, len(pixels)).any()
                     ]
-                    self._run(crop, index, names, grid, stored, filled)
+                    self._run(crop, index, names, grid, stored, filled, margin)
             for partition in self.plan.partitions:
                 for grid in self._grids(partition):
                     for name in self.plan.members[partition]:
                         rest = (~self._filled(filled, name, grid, None, len(pixels))).nonzero()
-                        self._run(crop, rest[:, 0], [name], grid, stored, filled)
+                        self._run(crop, rest[:, 0], [name], grid, stored, filled, margin)
         return stored
 
     def _grids(self, partition: str) -> list[tuple[int, int]]:
@@ -255,11 +260,14 @@ class _Recorder:
         grid: tuple[int, int],
         stored: dict[str, Tensor],
         filled: dict[str, Tensor],
+        margin: float,
     ) -> None:
         """Teachers ``names`` on the rows ``index`` of ``crop`` at once, into ``stored``."""
         if not names or not len(index):
             return
-        for name, out in run_teachers(self.teachers, crop[index], names, grid).items():
+        for name, out in run_teachers(
+            self.teachers, crop[index], names, grid, margin=margin
+        ).items():
             size = self.teachers[name].view_size(grid)
             for part, value in (("features", out.features), ("summary", out.summary)):
                 if value is None:
@@ -385,6 +393,7 @@ def write_cache(
         data={
             "config": config["data"],
             "crop_size": datamodule.crop_size,
+            "view_margin": module.student_step.margin,
             "seed": seed,
             "num_items": num_items,
             "batch_size": datamodule.batch_size,
@@ -474,7 +483,7 @@ def _write_val(
         filled = torch.zeros(len(images), dtype=torch.bool)
         for rank_batches in val_places(len(images), world, batch):
             for indices in rank_batches:
-                outputs = recorder(images[indices], recorder.all_rows())
+                outputs = recorder(images[indices], recorder.all_rows(), train=False)
                 new = [row for row, index in enumerate(indices) if not filled[index]]
                 for key, value in outputs.items():
                     blank = torch.full((len(images), *value.shape[1:]), torch.nan)

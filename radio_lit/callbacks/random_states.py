@@ -13,9 +13,9 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+
+from radio_lit.random_streams import gather_ranks, own_rank
 
 
 def capture() -> dict[str, Any]:
@@ -58,13 +58,7 @@ class RandomStates(Callback):
         self._pending: list[dict[str, Any]] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        state = capture()
-        if dist.is_available() and dist.is_initialized():
-            ranks: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(ranks, state)
-        else:
-            ranks = [state]
-        return {"ranks": ranks}
+        return {"ranks": gather_ranks(capture())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = list(state_dict["ranks"])
@@ -75,11 +69,6 @@ class RandomStates(Callback):
         if self._pending is None:
             return
         ranks, self._pending = self._pending, None
-        if len(ranks) != trainer.world_size:
-            rank_zero_warn(
-                f"the checkpoint holds the random states of {len(ranks)} rank(s) but this run "
-                f"has {trainer.world_size}: the resumed run keeps fresh random states and does "
-                "not draw exactly what the interrupted run would have drawn"
-            )
-            return
-        restore(ranks[trainer.global_rank])
+        state = own_rank(ranks, trainer.world_size, trainer.global_rank, "random states")
+        if state is not None:
+            restore(state)

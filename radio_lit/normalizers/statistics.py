@@ -14,13 +14,20 @@ at the step it is taken.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from radio_lit.normalizers.base import Normalizer
 
-__all__ = ["accumulate_statistics", "complete_checkpoint", "share_statistics", "statistics_ready"]
+__all__ = [
+    "accumulate_outputs",
+    "accumulate_statistics",
+    "complete_checkpoint",
+    "share_statistics",
+    "statistics_ready",
+]
 
 
 def statistics_ready(normalizers: Mapping[str, Normalizer]) -> bool:
@@ -55,6 +62,26 @@ def accumulate_statistics(
             normalizer.fit()
     if refit:
         share_statistics(normalizers, sources)
+
+
+def accumulate_outputs(
+    normalizers: Mapping[str, Normalizer],
+    dispersions: Mapping[str, Normalizer],
+    outputs: Sequence[Mapping[str, Any]],
+    refit: bool,
+    sources: Mapping[str, int],
+) -> None:
+    """One estimation step of teacher outputs (``radio_lit.teachers.TeacherOutput``, one
+    ``{name: output}`` per chunk, on the loss grid): the features each view saw (a shifted
+    view's valid tokens only, ``output.valid``) into the normalizers, the summaries into the
+    summary dispersions (:func:`accumulate_statistics`, in that order)."""
+    seen = [
+        {n: o.features if o.valid is None else o.features[o.valid] for n, o in chunk.items()}
+        for chunk in outputs
+    ]
+    accumulate_statistics(normalizers, seen, refit, sources)
+    summaries = [{n: o.summary for n, o in c.items() if o.summary is not None} for c in outputs]
+    accumulate_statistics(dispersions, summaries, refit, sources)
 
 
 def share_statistics(normalizers: Mapping[str, Normalizer], sources: Mapping[str, int]) -> None:

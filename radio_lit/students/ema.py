@@ -25,7 +25,7 @@ for the whole run (RADIO #181), lives in the module's state (``ema.student.*``,
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from radio_lit.losses import MSE
 from radio_lit.shifts import combined_mask, masked_loss, to_crop_frame
 
-__all__ = ["MESA", "EMAStudent", "fill_missing_ema", "mesa_loss"]
+__all__ = ["MESA", "EMAStudent", "check_pairs", "fill_missing_ema", "mesa_loss"]
 
 MesaTarget = Literal["backbone", "heads", "both"]
 
@@ -85,22 +85,24 @@ class EMAStudent(nn.Module):
 
     @torch.no_grad()
     def update(self, student: nn.Module, heads: nn.Module) -> None:
-        """``ema ← decay · ema + (1 − decay) · live`` for every parameter; buffers (σReparam's
-        power-iteration vectors) are copied.
+        """``ema ← decay · ema + (1 − decay) · live`` for every parameter, as one multi-tensor
+        lerp; buffers (σReparam's power-iteration vectors) copied, as one multi-tensor copy.
 
-        Under FSDP2 the EMA is sharded like the live student and heads, and paired shard with
-        shard; its root keeps its parameters gathered after a forward (FSDP2 expects a
-        backward, which the EMA never runs), so it is resharded first."""
-        _reshard(self)
-        ema = [*self.student.parameters(), *self.heads.parameters()]
+        Under FSDP2 the EMA is sharded like the live student and heads and paired shard with
+        shard. An FSDP2 root keeps its gathered parameters (plain tensors) after a forward
+        that no backward followed (the EMA's MESA forward, under ``no_grad``): every FSDP2
+        unit of both sides is resharded first, so that each side's parameters are the sharded
+        ``DTensor`` s the optimizer updates; :func:`check_pairs` then refuses, in one line, a
+        pair of another kind, placement, shape or dtype."""
+        for module in (self, student, heads):
+            _reshard(module)
+        ema = [*self.student.named_parameters(), *self.heads.named_parameters()]
         live = [*student.parameters(), *heads.parameters()]
-        torch._foreach_lerp_(ema, [p.detach() for p in live], 1.0 - self.decay)
-        for mine, theirs in zip(
-            [*self.student.buffers(), *self.heads.buffers()],
-            [*student.buffers(), *heads.buffers()],
-            strict=True,
-        ):
-            mine.copy_(theirs)
+        check_pairs(ema, live)
+        torch._foreach_lerp_([p for _, p in ema], live, 1.0 - self.decay)
+        mine = [*self.student.buffers(), *self.heads.buffers()]
+        if mine:
+            torch._foreach_copy_(mine, [*student.buffers(), *heads.buffers()])
 
     @torch.no_grad()
     def reset(self, student: nn.Module, heads: nn.Module) -> None:
@@ -116,6 +118,34 @@ def _reshard(module: nn.Module) -> None:
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
             unit.reshard()
+
+
+def _kind(tensor: Tensor) -> str:
+    placements = getattr(tensor, "placements", None)
+    if placements is None:
+        return f"plain {tuple(tensor.shape)} {tensor.dtype} tensor"
+    return f"DTensor {tuple(tensor.shape)} {tensor.dtype} placed {tuple(placements)}"
+
+
+def check_pairs(ema: Sequence[tuple[str, Tensor]], live: Sequence[Tensor]) -> None:
+    """Raise ``RuntimeError`` (one line, the first pair at fault) unless every EMA parameter
+    ``(name, tensor)`` and its live counterpart have the same kind (plain tensor or FSDP2
+    ``DTensor``), placements and device mesh, shape and dtype."""
+    if len(ema) != len(live):
+        raise RuntimeError(
+            f"EMA update: the EMA student and heads have {len(ema)} parameters, the live ones "
+            f"{len(live)}; build the EMA from this student (model.mesa)"
+        )
+    for (name, mine), theirs in zip(ema, live, strict=True):
+        placed = getattr(mine, "placements", None), getattr(theirs, "placements", None)
+        meshes = getattr(mine, "device_mesh", None), getattr(theirs, "device_mesh", None)
+        same = placed[0] == placed[1] and meshes[0] == meshes[1]
+        if not (same and mine.shape == theirs.shape and mine.dtype == theirs.dtype):
+            raise RuntimeError(
+                f"EMA update: ema.{name} is a {_kind(mine)} but the live parameter a "
+                f"{_kind(theirs)}; both must be sharded alike (configure_model shards the EMA "
+                "as the student) and resharded before the update"
+            )
 
 
 def fill_missing_ema(

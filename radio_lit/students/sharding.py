@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -147,3 +147,23 @@ def shard_for_training(
                 fully_shard(head, mesh=mesh, mp_policy=policy)
     if any(True for _ in extra.parameters()):
         fully_shard(extra, mesh=mesh)  # float32, gradients reduced over ranks
+
+
+def shard_module(
+    student: Student,
+    heads: Mapping[str, TeacherHeads],
+    balancer: nn.Module,
+    ema: Any,
+    mesh: Any,
+    precision: str,
+    settings: FSDP2 = DEFAULT_FSDP2,
+) -> None:
+    """``DistillationModule.configure_model`` under ``ModelParallelStrategy``: the student,
+    heads and (learned) balancer by :func:`shard_for_training` (bf16 gathered weights under a
+    ``bf16`` Lightning ``precision``), then the EMA student and heads
+    (:class:`~radio_lit.students.ema.EMAStudent`, or ``None``) sharded alike, so that its
+    update pairs each shard with the live student's same shard."""
+    bf16 = precision.startswith("bf16")
+    shard_for_training(student, heads.values(), balancer, mesh, bf16, settings)
+    if ema is not None:
+        shard_for_training(ema.student, ema.heads.values(), nn.Module(), mesh, bf16, settings)

@@ -73,10 +73,10 @@ def test_each_row_adds_its_parts_to_the_v25_losses(full_row, row):
     assert model.normalizer.class_path == "radio_lit.normalizers.PhiS"
     assert model.loss.class_path == "radio_lit.losses.MSE"
     assert model.summary_loss.class_path == f"radio_lit.losses.{summary_loss.__name__}"
-    assert (model.shifts is not None) == shifts
-    if shifts:
-        assert model.shifts.class_path == "radio_lit.shifts.PatchShifts"
-        assert model.shifts.init_args.std == 0.5  # RADIO #181
+    # every row views the crop's centre (margin 0.25); the shifted rows shift (RADIO #181)
+    assert model.shifts.class_path == "radio_lit.shifts.PatchShifts"
+    assert model.shifts.init_args.margin == 0.25
+    assert model.shifts.init_args.std == (0.5 if shifts else 0.0)
     assert (model.mesa is not None) == (model.damp is not None) == mesa_damp
     if mesa_damp:
         assert model.mesa.class_path == "radio_lit.students.ema.MESA"

@@ -11,18 +11,21 @@ from radio_lit.grid import resample
 from radio_lit.losses import MSE, Cosine
 from radio_lit.shifts import (
     PatchShifts,
+    cut_view,
     masked_loss,
     resample_mask,
-    shift_view,
+    shifted_view,
     to_crop_frame,
 )
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 
-def _ramp(resolution: int, count: int) -> torch.Tensor:
-    """Views ``[count, 3, R, R]`` of one crop whose channels 0/1 are each pixel centre's crop
-    coordinate (row, col in [0, 1]); channel 2 is 0."""
-    centres = (torch.arange(resolution, dtype=torch.float64) + 0.5) / resolution
+def _ramp(resolution: int, count: int, margin: int = 0) -> torch.Tensor:
+    """Crops ``[count, 3, R + 2 margin, R + 2 margin]`` whose channels 0/1 are each pixel
+    centre's coordinate (row, col) in units of the shared region (``[0, 1]`` inside it, the
+    region being the centre ``R`` pixels); channel 2 is 0."""
+    side = resolution + 2 * margin
+    centres = (torch.arange(side, dtype=torch.float64) + 0.5 - margin) / resolution
     rows, cols = torch.meshgrid(centres, centres, indexing="ij")
     view = torch.stack([rows, cols, torch.zeros_like(rows)])
     return view.expand(count, -1, -1, -1).clone()
@@ -33,28 +36,44 @@ def _tokens(view: torch.Tensor, patch: int) -> torch.Tensor:
     return F.avg_pool2d(view, patch).permute(0, 2, 3, 1)
 
 
+def test_a_shifted_view_is_its_own_crop_of_the_image_with_no_fill():
+    """Report 2.3.1: each model sees its own crop, shifted by whole patches into the crop's
+    margin: every pixel is the image's (no grey band), and a shift leaving the margin is
+    refused."""
+    crop = torch.rand(2, 3, 128, 128, generator=torch.Generator().manual_seed(0))
+    shift = torch.tensor([[1, -2], [0, 0]])  # 16 px patches, 32 px margin at 64 px
+    view = shifted_view(crop, (64, 64), 0.5, shift, 16)
+    assert torch.equal(view[0], crop[0, :, 48:112, 0:64])
+    assert torch.equal(view[1], crop[1, :, 32:96, 32:96])  # the shared region, unshifted
+    assert torch.equal(shifted_view(crop, (64, 64), 0.5), crop[:, :, 32:96, 32:96])
+    assert torch.equal(shifted_view(crop, (128, 128)), crop)  # no margin: the whole crop
+    with pytest.raises(ValueError, match="leave the margin"):
+        shifted_view(crop, (64, 64), 0.5, torch.tensor([[3, 0], [0, 0]]), 16)
+
+
 def test_a_map_shifted_by_k_patches_is_matched_exactly_on_the_overlap():
-    """Same grid, student and teacher each shifted by their own whole patches: back in the
-    crop frame both maps agree exactly where both views saw the crop, and the overlap has the
-    expected size ((4 - |k_s - k_t|) per axis, minus the crop's own borders)."""
+    """Same grid, student and teacher each on their own crop shifted by their own whole
+    patches: back in the region's frame both maps agree exactly where both views saw the
+    region, it is the region's own tokens, and the overlap has the expected size
+    ((4 - |k_s - k_t|) per axis, minus the region's own borders)."""
     shifts = torch.tensor([[0, 0], [1, -2], [-1, 1], [2, 2]])
     teacher_shifts = torch.tensor([[0, 0], [0, 1], [-1, -1], [-2, 0]])
-    crop = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    student, seen_s = to_crop_frame(_tokens(shift_view(crop, shifts, 16, (0.5,) * 3), 16), shifts)
-    teacher_view = shift_view(crop, teacher_shifts, 16, (0.5,) * 3)
+    generator = torch.Generator().manual_seed(0)
+    crop = torch.rand(4, 3, 128, 128, generator=generator, dtype=torch.float64)
+    student_view = shifted_view(crop, (64, 64), 0.5, shifts, 16)
+    student, seen_s = to_crop_frame(_tokens(student_view, 16), shifts)
+    teacher_view = shifted_view(crop, (64, 64), 0.5, teacher_shifts, 16)
     teacher, seen_t = to_crop_frame(_tokens(teacher_view, 16), teacher_shifts)
     overlap = seen_s & seen_t
     assert torch.equal(student[overlap], teacher[overlap])
-    assert torch.equal(student[overlap], _tokens(crop, 16)[overlap])  # the crop's own tokens
+    region = _tokens(crop[:, :, 32:96, 32:96], 16)
+    assert torch.equal(student[overlap], region[overlap])
     expected = [
         (4 - max(abs(a), abs(b)) if a * b >= 0 else 4 - abs(a) - abs(b))
         for a, b in zip(shifts.flatten().tolist(), teacher_shifts.flatten().tolist(), strict=True)
     ]
     sides = torch.tensor(expected).reshape(4, 2)
     assert overlap.flatten(1).sum(1).tolist() == (sides[:, 0] * sides[:, 1]).tolist()
-    # A shifted view shows crop pixel v + k * patch at pixel v; what lies outside is the fill.
-    view = shift_view(crop, torch.tensor([[1, 0]] * 4), 16, (0.5, 0.5, 0.5))
-    assert torch.equal(view[:, :, :48], crop[:, :, 16:]) and (view[:, :, 48:] == 0.5).all()
 
 
 @pytest.mark.parametrize(
@@ -65,15 +84,22 @@ def test_token_centres_map_to_token_centres_across_grids(
     student_res, student_patch, teacher_res, teacher_patch
 ):
     """Different grids (SAM3's 14 px patches against the student's 16): a student whose
-    tokens report their crop coordinate, moved to the crop frame and resampled onto the
+    tokens report their region coordinate, moved to the region's frame and resampled onto the
     teacher's grid, gives each valid interior teacher token its own centre (no k/N offset,
     which a grid from crop edges with align_corners=True would add)."""
     generator = torch.Generator().manual_seed(1)
     for _ in range(3):
         s_shift = torch.randint(-2, 3, (2, 2), generator=generator)
         t_shift = torch.randint(-2, 3, (2, 2), generator=generator)
-        student_view = shift_view(_ramp(student_res, 2), s_shift, student_patch, (0, 0, 0))
-        teacher_view = shift_view(_ramp(teacher_res, 2), t_shift, teacher_patch, (0, 0, 0))
+        s_margin, t_margin = 2 * student_patch, 2 * teacher_patch
+        student_view = cut_view(
+            _ramp(student_res, 2, s_margin), (student_res,) * 2, s_margin / student_res,
+            s_shift, student_patch,
+        )  # fmt: skip
+        teacher_view = cut_view(
+            _ramp(teacher_res, 2, t_margin), (teacher_res,) * 2, t_margin / teacher_res,
+            t_shift, teacher_patch,
+        )  # fmt: skip
         student, seen_s = to_crop_frame(_tokens(student_view, student_patch), s_shift)
         teacher, seen_t = to_crop_frame(_tokens(teacher_view, teacher_patch), t_shift)
         grid = teacher.shape[1:3]
@@ -84,18 +110,18 @@ def test_token_centres_map_to_token_centres_across_grids(
         interior[:, :, [0, -1]] = False
         assert interior.any()
         torch.testing.assert_close(pred[interior][:, :2], teacher[interior][:, :2])
-        assert torch.equal(
-            teacher[seen_t][:, :2], _tokens(_ramp(teacher_res, 2), teacher_patch)[seen_t][:, :2]
-        )
+        unshifted = _tokens(_ramp(teacher_res, 2), teacher_patch)
+        assert torch.equal(teacher[seen_t][:, :2], unshifted[seen_t][:, :2])
 
 
 def test_a_shifted_student_predicts_what_the_unshifted_one_does_on_the_overlap():
     """Shrinking by a non-integer factor (6x6 -> 4x4, antialiased as without shifts): the
     shifted student's prediction on the overlap is the unshifted student's, exactly."""
-    crop = torch.rand(3, 3, 96, 96, generator=torch.Generator().manual_seed(4))
-    shift = torch.tensor([[1, 0], [-1, 2], [0, 0]])
-    unshifted = resample(_tokens(crop, 16), (4, 4))
-    moved, seen = to_crop_frame(_tokens(shift_view(crop, shift, 16, (0.5,) * 3), 16), shift)
+    crop = torch.rand(3, 3, 128, 128, generator=torch.Generator().manual_seed(4))
+    shift = torch.tensor([[1, 0], [-1, 1], [0, 0]])
+    unshifted = resample(_tokens(crop[:, :, 16:112, 16:112], 16), (4, 4))
+    view = cut_view(crop, (96, 96), 1 / 6, shift, 16)  # a 16 px margin
+    moved, seen = to_crop_frame(_tokens(view, 16), shift)
     valid = resample_mask(seen, (4, 4))
     assert valid.any() and not valid[:2].all() and valid[2].all()
     assert torch.equal(resample(moved, (4, 4))[valid], unshifted[valid])
@@ -133,6 +159,26 @@ def test_shift_distributions():
     assert set(uniform.flatten().tolist()) == set(range(-3, 4))
     with pytest.raises(ValueError, match="model.shifts.init_args.distribution"):
         PatchShifts("laplace")
+    with pytest.raises(ValueError, match="model.shifts.init_args.margin"):
+        PatchShifts(margin=-0.1)
+
+
+def test_a_shift_that_leaves_the_margin_is_rejected_on_that_axis():
+    """FeatSharp's rule (notes 2.3): a jitter leaving the image is dropped, per axis. A 0.125
+    margin holds one 16 px patch at 128 px: the recipe's |k| = 2 (0.3% per axis) becomes 0
+    there, and stays at 256 px; a view whose margin holds no patch is never shifted, said
+    once."""
+    shifts = PatchShifts("uniform", max_shift=2)
+    drawn = torch.tensor([[2, -1], [-2, 2], [1, 0]])
+    kept = shifts.within_margin(drawn, ((128, 128), 16), "the student")
+    assert kept.tolist() == [[0, -1], [0, 0], [1, 0]]
+    assert torch.equal(shifts.within_margin(drawn, ((256, 256), 16), "the student"), drawn)
+    with pytest.warns(UserWarning, match="teacher sam's 48x48 px view .* never shifted"):
+        assert not shifts.within_margin(drawn, ((48, 48), 16), "teacher sam").any()
+    torch.manual_seed(0)
+    chunk = shifts.chunk_shifts(4, ((256, 256), 16), {"clip": ((128, 128), 16)})
+    assert chunk.margin == 0.125 and chunk.student.device.type == "cpu"
+    assert chunk.teachers["clip"].abs().max() <= 1 and chunk.student.abs().max() <= 2
 
 
 def _fit(tmp_path, **overrides) -> dict[str, torch.Tensor]:
@@ -143,13 +189,13 @@ def _fit(tmp_path, **overrides) -> dict[str, torch.Tensor]:
 
 
 def test_zero_shift_is_todays_training_bit_for_bit(tmp_path):
-    """Two steps (CLIP, DINOv2 and a SAM canvas teacher) with shifts of 0 end with the
-    weights of the unshifted run, exactly; real shifts change them."""
+    """Two steps (CLIP, DINOv2 and a SAM canvas teacher) with shifts of 0 and no margin end
+    with the weights of the unshifted run, exactly; real shifts change them."""
     plain = _fit(tmp_path / "plain")
-    zero = _fit(tmp_path / "zero", shifts=PatchShifts(std=0.0))
+    zero = _fit(tmp_path / "zero", shifts=PatchShifts(std=0.0, margin=0.0))
     assert plain.keys() == zero.keys()
     assert all(torch.equal(plain[k], zero[k]) for k in plain)
-    shifted = _fit(tmp_path / "shifted", shifts=PatchShifts("uniform", max_shift=1))
+    shifted = _fit(tmp_path / "shifted", shifts=PatchShifts("uniform", max_shift=1, margin=0.25))
     assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
     assert not torch.equal(
         plain["student.patch_embed.proj.weight"],
@@ -162,7 +208,19 @@ def test_shifts_work_with_every_grid_policy(tmp_path, policy):
     """Teacher maps resampled to the loss grid carry their overlap mask along: a zero shift
     is still the unshifted run, and real shifts train."""
     plain = _fit(tmp_path / "plain", grid_policy=policy)
-    zero = _fit(tmp_path / "zero", grid_policy=policy, shifts=PatchShifts(std=0.0))
+    zero = _fit(tmp_path / "zero", grid_policy=policy, shifts=PatchShifts(std=0.0, margin=0.0))
     assert all(torch.equal(plain[k], zero[k]) for k in plain)
-    shifted = _fit(tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform"))
+    shifted = _fit(
+        tmp_path / "shifted", grid_policy=policy, shifts=PatchShifts("uniform", margin=0.5)
+    )
     assert all(torch.isfinite(v).all() for v in shifted.values() if v.is_floating_point())
+
+
+def test_a_cache_written_for_another_margin_is_refused():
+    """Cached teacher outputs are of the crop's shared region: a run viewing another region
+    (another model.shifts margin) is refused in one line."""
+    from radio_lit.cache.manifest import Manifest, check_run
+
+    manifest = Manifest({}, {"view_margin": 0.125}, views=1, dtype="float32", samples_per_shard=1)
+    with pytest.raises(ValueError, match="less a 0.125 margin, this run views it less a 0.25"):
+        check_run(manifest, "cache", {}, None, 16, margin=0.25)  # type: ignore[arg-type]

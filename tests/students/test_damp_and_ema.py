@@ -65,28 +65,32 @@ def test_damp_is_on_in_training_forwards_only():
 
 
 def _hook_noise(damp: DAMP, module: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
-    """The earlier DAMP, as reference: a forward hook that recomputed each linear layer's
-    output as ``F.linear(x, W ⊙ ξ, b)`` after the clean one."""
+    """The earlier DAMP, as reference: a forward hook that recomputed each linear layer's and
+    convolution's output on ``W ⊙ ξ`` after the clean one."""
 
-    def noisy(layer: nn.Linear, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
+    def noisy(layer: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
         effective = getattr(layer, "effective_weight", None)
         weight = effective() if callable(effective) else layer.weight
         xi = torch.randn(weight.shape, device=weight.device).mul_(damp.std).add_(1.0)
+        if isinstance(layer, nn.Conv2d):
+            return layer._conv_forward(inputs[0], weight * xi, layer.bias)
         return F.linear(inputs[0], weight * xi.to(weight.dtype), layer.bias)
 
-    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
-    return [layer.register_forward_hook(noisy) for layer in linears]
+    layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    return [layer.register_forward_hook(noisy) for layer in layers]
 
 
 _PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm")
+_PRODUCTS += ("aten::conv2d",)
 
 
 @pytest.mark.parametrize("spectral", [True, False])
-def test_damp_runs_each_linear_once_with_the_earlier_noise(spectral):
-    """A training forward with DAMP runs as many matrix products as one without (each linear
-    layer's once, on ``W ⊙ ξ``; σReparam's weights once per step), and for the same seed
-    gives what the earlier forward hook gave (the same ξ, drawn in the same order), in
-    σReparam's training step and on plain linear layers; gradients reach W and the scales."""
+def test_damp_runs_each_layer_once_with_the_earlier_noise(spectral):
+    """A training forward with DAMP runs as many matrix products and convolutions as one
+    without (each perturbed layer's once, on ``W ⊙ ξ``; σReparam's weights once per step), and
+    for the same seed gives what a reference forward hook on every linear layer and the patch
+    embedding gives (the same ξ, drawn in the same order), in σReparam's training step and on
+    plain linear layers; gradients reach W and the scales."""
     from benchmarks.dispatch import count_operations
     from radio_lit.students.spectral_reparam import spectral_step
 
@@ -115,10 +119,38 @@ def test_damp_runs_each_linear_once_with_the_earlier_noise(spectral):
             handle.remove()
     linears = sum(isinstance(m, nn.Linear) for m in student.modules())
     assert noisy == clean and noisy["aten::linear"] == linears
+    assert noisy["aten::conv2d"] == 1  # the patch embedding
     assert hooked["aten::linear"] == 2 * linears  # the hook's second product per layer
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected_grad)
+
+
+def test_damp_perturbs_the_patch_embedding_kernel_not_biases_and_norms_on_request():
+    """Notes 2.5: every linear weight and the patch embedding's kernel (a Conv2d here, a Linear
+    in NVlabs' embedder), never a bias; LayerNorm scales only with ``norm_scales`` (the DAMP
+    paper's rule; NVlabs' code leaves them)."""
+    student = tiny_student()
+    embed, norm = student.patch_embed.proj, student.blocks[0].norm1
+    perturbed = [layer for layer, _ in DAMP().layers(student)]
+    linears = [m for m in student.modules() if isinstance(m, nn.Linear)]
+    assert perturbed == [embed, *linears]  # (σReparam's layers are Linear subclasses)
+    assert norm in [layer for layer, _ in DAMP(norm_scales=True).layers(student)]
+    x = torch.randn(2, 3, 32, 32)
+    with DAMP(std=0.2).noise(embed):
+        torch.manual_seed(1)
+        noisy = embed(x)
+    torch.manual_seed(1)
+    xi = torch.randn(embed.weight.shape) * 0.2 + 1.0
+    torch.testing.assert_close(noisy, F.conv2d(x, embed.weight * xi, embed.bias, stride=16))
+    tokens = torch.randn(2, 5, norm.normalized_shape[0])
+    with DAMP(std=0.2, norm_scales=True).noise(norm):
+        torch.manual_seed(2)
+        noisy = norm(tokens)
+    torch.manual_seed(2)
+    scale = norm.weight * (torch.randn(norm.weight.shape) * 0.2 + 1.0)
+    expected = F.layer_norm(tokens, norm.normalized_shape, scale, norm.bias, norm.eps)
+    torch.testing.assert_close(noisy, expected)
 
 
 def test_a_compiled_student_keeps_one_graph_with_damp():

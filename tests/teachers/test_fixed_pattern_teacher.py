@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radio_lit.data import resize_view
-from radio_lit.shifts import shift_view
+from radio_lit.shifts import shifted_view
 from radio_lit.step import run_teachers
 from radio_lit.teachers import FixedPatternTeacher
 from radio_lit.teachers.fixed_pattern import pattern_mask
@@ -40,10 +39,10 @@ def test_features_are_the_clean_ones_plus_the_pattern_at_each_token(inner, speck
 
 
 def test_the_pattern_stays_on_the_teachers_grid_when_its_view_is_shifted(speckled):
-    """A view shifted by k tokens: in the crop frame, crop token a shows pattern token a - k."""
-    crops, shift = _crops(2), torch.tensor([[1, -2], [0, 1]])
-    out = run_teachers({"t": speckled}, crops, ["t"], (6, 6), {"t": shift})["t"]
-    view = shift_view(resize_view(crops, (96, 96)), shift, 16, speckled.mean)
+    """A view shifted by k tokens: in the region's frame, token a shows pattern token a - k."""
+    crops, shift = _crops(2, side=160), torch.tensor([[1, -2], [0, 1]])  # a 32 px margin
+    out = run_teachers({"t": speckled}, crops, ["t"], (6, 6), {"t": shift}, margin=1 / 3)["t"]
+    view = shifted_view(crops, (96, 96), 1 / 3, shift, 16)
     clean = speckled.clean(view, (96, 96)).features
     pattern = speckled.pattern((6, 6))
     for b, (dy, dx) in enumerate(shift.tolist()):

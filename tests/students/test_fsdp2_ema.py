@@ -1,0 +1,53 @@
+"""The EMA update under FSDP2 with a bf16 MixedPrecisionPolicy (issue 30 item 3), at world size
+1 and 2 on CPU/gloo (runs ``fsdp2_ema_worker.py``), and on one CUDA device with Lightning's
+bf16-mixed precision when a GPU is present."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.gloo import run_gloo_workers
+
+WORKER = Path(__file__).with_name("fsdp2_ema_worker.py")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_ema_follows_a_bf16_fsdp2_student_whose_roots_stay_gathered(tmp_path, world_size):
+    """After no-grad forwards both FSDP2 roots hold plain gathered tensors: the update before
+    the fix lerped DTensors with plain tensors (the GPU run's error); now both sides are
+    resharded, the EMA is the exact moving average, and a mismatched pair is one clear line."""
+    for result in run_gloo_workers(WORKER, tmp_path, world_size=world_size):
+        assert result["compute_dtype"] == "torch.bfloat16"  # the policy is in force
+        assert result["live_kinds"] == ["Parameter"]  # gathered, not DTensor
+        assert "got mixed torch.Tensor and DTensor" in result["old_error"]
+        assert result["close"]
+        assert result["mismatch"].startswith("EMA update: ema.pos_embed is a DTensor")
+        assert "but the live parameter a plain" in result["mismatch"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path):
+    """The issue's path: radio_lit.strategies.ModelParallelStrategy on one CUDA device,
+    bf16-mixed, an EMA student with MESA: two optimizer steps, the EMA moved."""
+    from radio_lit.strategies import ModelParallelStrategy
+    from radio_lit.students.ema import MESA
+    from tests.builders import cpu_trainer, image_batches, tiny_module
+
+    torch.manual_seed(0)
+    module = tiny_module(mesa=MESA(decay=0.5))
+    start = module.ema.student.patch_embed.proj.weight.detach().clone()
+    strategy = ModelParallelStrategy(
+        data_parallel_size=1, tensor_parallel_size=1, timeout=timedelta(seconds=120)
+    )
+    trainer = cpu_trainer(
+        tmp_path, accelerator="gpu", devices=1, strategy=strategy, precision="bf16-mixed"
+    )
+    trainer.fit(module, image_batches())
+    moved = module.ema.student.patch_embed.proj.weight.full_tensor().cpu()
+    assert not torch.equal(moved, start)
