@@ -13,7 +13,7 @@ import pytest
 import timm
 import torch
 import yaml
-from transformers import RadioModel
+from transformers import AutoModel, RadioModel
 
 import radio_lit
 from radio_lit.cli import main
@@ -85,7 +85,7 @@ def _timm_inputs(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 def test_timm_and_transformers_load_the_export_with_radio_lits_features(
-    c_radio_run: Path, exported: tuple[Path, dict], capsys
+    c_radio_run: Path, exported: tuple[Path, dict]
 ) -> None:
     folder, calls = exported
     config = json.loads((folder / "config.json").read_text())
@@ -102,7 +102,8 @@ def test_timm_and_transformers_load_the_export_with_radio_lits_features(
     assert config["summary_idxs"] == [0, 1] and config["num_registers"] == 7
     reference = radio_lit.load(c_radio_run)
     naflex = eval(calls["naflexvit"], {"timm": timm}).eval()  # the exact printed call
-    hf = RadioModel.from_pretrained(folder).eval()
+    hf = AutoModel.from_pretrained(folder).eval()  # transformers' own class: no remote code
+    assert isinstance(hf, RadioModel)
     for height, width in RESOLUTIONS:
         images = torch.rand(2, 3, height, width, generator=torch.Generator().manual_seed(height))
         if (height, width) == (64, 64):
