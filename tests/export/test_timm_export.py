@@ -21,6 +21,7 @@ from radio_lit.export import checkpoint_inference_model, inference_model, module
 from radio_lit.export.timm_radio import save_timm
 from radio_lit.normalizers import Identity
 from radio_lit.students import ERadio, TeacherHeads
+from radio_lit.teachers import RADIOTeacher
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 from tests.export.tiny_export import TEACHERS
 
@@ -282,3 +283,19 @@ def test_an_eradio_student_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="E-RADIO student is no ViT.*--format safetensors or onnx"):
         save_timm(model, tmp_path)
+
+
+def test_a_radio_teacher_reads_the_export_natively(c_radio_run: Path, exported) -> None:
+    """``RADIOTeacher`` with ``loader: transformers`` (native by default) takes the folder:
+    the student's features, and RADIO's summary (its summary teachers' tokens)."""
+    folder, _ = exported
+    teacher = RADIOTeacher(str(folder), loader="transformers", follow_student=True)
+    assert teacher.resolution == 64  # the training resolution, from config.json
+    images = torch.rand(2, 3, 48, 80)
+    reference = radio_lit.load(c_radio_run)
+    with torch.no_grad():
+        out = teacher(images, (48, 80))
+        tokens = reference.base_model(reference.input_conditioner(images))
+        features = reference(images)["backbone"].features
+    torch.testing.assert_close(out.features, features, **EXACT)
+    torch.testing.assert_close(out.summary, tokens[:, :2].flatten(1), **EXACT)
