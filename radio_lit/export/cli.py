@@ -55,8 +55,9 @@ def main(argv: list[str]) -> None:
         "folder with its model card; timm = the backbone as a folder that timm's C-RADIO "
         "classes (timm.create_model('naflexvit_huge_patch16_radio_v4', pretrained=True, "
         "pretrained_cfg_overlay=dict(file=...)), the exact call printed) and transformers' "
-        "RadioModel load; refused, naming the fix, for a student they cannot represent (final "
-        "norm, ViTDet windows at inference, cpe_align_corners true, E-RADIO) (default: both)",
+        "RadioModel load; refused, naming the fix, for a student they cannot represent (a "
+        "final norm, one prefix token, ViTDet windows at inference, cpe_align_corners true, "
+        "other blocks, E-RADIO) (default: both)",
     )
     parser.add_argument(
         "--heads",
