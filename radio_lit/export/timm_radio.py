@@ -53,11 +53,12 @@ from radio_lit.export.files import CONFIG_NAME, WEIGHTS_NAME, save_umask_file
 from radio_lit.export.model import RadioBackbone, RadioLitModel
 
 #: timm's C-RADIO classes that resize the CPE grid as RADIO's format does
-#: (``align_corners=False``), in order of preference: C-RADIOv4-H first.
+#: (``align_corners=False``) and have no LayerScale, in order of preference: C-RADIOv4-H
+#: first. (C-RADIOv3-L has LayerScale, which timm's ``create_model`` cannot switch off:
+#: it drops ``init_values=None``; C-RADIOv3-B/H resize with ``align_corners=True``.)
 TIMM_CLASSES = (
     "vit_huge_patch16_radio_v4",
     "vit_so400m_patch16_radio_v4",
-    "vit_large_patch16_radio_v3",
     "vit_giant_patch16_radio_v3",
 )
 #: NVlabs' Hugging Face prefixes: the timm trunk, and the model that holds it.
@@ -163,7 +164,6 @@ def _architecture(patch: int, blocks: nn.Module, prefix: int, dim: int) -> dict[
         "num_heads": int(block.attn.num_heads),
         "mlp_ratio": ratio,
         "qkv_bias": block.attn.qkv.bias is not None,
-        "init_values": 1.0 if isinstance(getattr(block, "ls1", None), LayerScale) else None,
         "reg_tokens": prefix - 1,
     }
 

@@ -18,9 +18,10 @@ from transformers import AutoModel, RadioModel
 import radio_lit
 from radio_lit.cli import main
 from radio_lit.export import checkpoint_inference_model, inference_model, module_inference_model
-from radio_lit.export.timm_radio import save_timm
+from radio_lit.export.model import PatchGenerator, RadioBackbone
+from radio_lit.export.timm_radio import save_timm, timm_model
 from radio_lit.normalizers import Identity
-from radio_lit.students import ERadio, TeacherHeads
+from radio_lit.students import CPEViT, ERadio, TeacherHeads
 from radio_lit.teachers import RADIOTeacher
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 from tests.export.tiny_export import TEACHERS
@@ -299,3 +300,27 @@ def test_a_radio_teacher_reads_the_export_natively(c_radio_run: Path, exported) 
         features = reference(images)["backbone"].features
     torch.testing.assert_close(out.features, features, **EXACT)
     torch.testing.assert_close(out.summary, tokens[:, :2].flatten(1), **EXACT)
+
+
+def test_a_c_radio_v4_h_shaped_student_is_timms_class_without_overrides() -> None:
+    """At real widths (built on the meta device): ViT-H/16, 3 summary tokens + 7 registers,
+    no final norm, a 128 x 128 CPE grid is ``vit_huge_patch16_radio_v4`` as timm ships it;
+    only the ``vit_*`` class's fixed size is the training resolution's."""
+    with torch.device("meta"):
+        student = CPEViT(
+            model="vit_base_patch16_224",
+            model_kwargs={
+                **{"embed_dim": 1280, "depth": 32, "num_heads": 16, "final_norm": False},
+                "weight_init": "skip",  # no initialization on the meta device
+            },
+            num_cls_tokens=3,
+            num_registers=7,
+            spectral_reparam=False,
+        )
+        generator = PatchGenerator(16, 1280, student.grid_side, 10)
+    chosen = timm_model(RadioBackbone(generator, student.blocks, student.norm), (432, 432))
+    assert (chosen.name, chosen.naflex_name) == (
+        "vit_huge_patch16_radio_v4",
+        "naflexvit_huge_patch16_radio_v4",
+    )
+    assert chosen.kwargs == chosen.naflex_kwargs == {} and chosen.vit_kwargs == {"img_size": 432}
