@@ -49,6 +49,7 @@ from timm.layers import DropPath, LayerScale
 from timm.models.vision_transformer import checkpoint_filter_fn
 from torch import Tensor, nn
 
+from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import CONFIG_NAME, WEIGHTS_NAME, save_umask_file
 from radio_lit.export.model import RadioBackbone, RadioLitModel
 
@@ -122,8 +123,9 @@ def timm_incompatibilities(model: RadioLitModel) -> list[str]:
     if extras["cpe_align_corners"]:
         problems.append(
             "the student resizes its CPE grid with align_corners=True at inference, "
-            "transformers' RadioModel and timm's C-RADIOv4 classes without: train with "
-            "model.student.init_args.cpe_align_corners: false"
+            "transformers' RadioModel and timm's C-RADIOv4 classes without: export with "
+            "model.student.init_args.cpe_align_corners: false in the config given to --config "
+            "(an inference-only setting: training's CPE windows do not read it)"
         )
     return problems
 
@@ -384,8 +386,8 @@ def save_timm(model: RadioLitModel, folder: str | Path) -> tuple[list[Path], lis
 def _data_overlay(model: RadioLitModel, resolution: tuple[int, int]) -> dict[str, Any]:
     """``pretrained_cfg`` entries where the student differs from timm's C-RADIO classes: its
     pixel mean/std and training resolution (what ``timm.data.resolve_data_config`` reads)."""
-    mean = tuple(round(v, 8) for v in model.input_conditioner.norm_mean.flatten().tolist())
-    std = tuple(round(v, 8) for v in model.input_conditioner.norm_std.flatten().tolist())
+    mean = tuple(round(v, 6) for v in model.input_conditioner.norm_mean.flatten().tolist())
+    std = tuple(round(v, 6) for v in model.input_conditioner.norm_std.flatten().tolist())
     overlay: dict[str, Any] = {}
     if not _close(mean, OPENAI_CLIP_MEAN) or not _close(std, OPENAI_CLIP_STD):
         overlay.update(mean=mean, std=std)
@@ -402,6 +404,4 @@ def export_timm(
     checkpoint: str | Path, folder: str | Path, config: str | Path | None = None, ema: bool = False
 ) -> tuple[list[Path], list[str]]:
     """:func:`save_timm` of a training checkpoint (its EMA weights with ``ema``)."""
-    from radio_lit.export.checkpoint import checkpoint_inference_model
-
     return save_timm(checkpoint_inference_model(checkpoint, config, ema), folder)

@@ -221,29 +221,33 @@ def test_layer_scale_no_patch_bias_and_other_widths_load_too(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "own_weights", "message"),
     [
         (
             {"model_kwargs": {"depth": 2, "embed_dim": 32, "num_heads": 2}},  # a final norm
+            True,
             "the student has a final norm (norm.*), which timm's C-RADIO classes do not have "
             "(final_norm=False) and drop on load, so the features would be wrong: train with "
             "model.student.init_args.model_kwargs.final_norm: false",
         ),
         (
             {"num_cls_tokens": 1, "num_registers": 0},
+            True,
             "the student has one prefix token and no registers, and timm's C-RADIO reader always "
             "gives its classes registers (the tokens after the first): train with "
             "model.student.init_args.num_registers: 1 or more",
         ),
         (
             {"vitdet_eval_window_size": 2},
+            False,
             "attends within ViTDet windows at inference, which timm's C-RADIO classes do not: "
             "export with model.student.init_args.vitdet_eval_window_size: null",
         ),
         (
             {"cpe_align_corners": True},
+            False,
             "align_corners=True at inference, transformers' RadioModel and timm's C-RADIOv4 "
-            "classes without: train with model.student.init_args.cpe_align_corners: false",
+            "classes without: export with model.student.init_args.cpe_align_corners: false",
         ),
         (
             {
@@ -252,6 +256,7 @@ def test_layer_scale_no_patch_bias_and_other_widths_load_too(tmp_path: Path) -> 
                     "act_layer": "quick_gelu",
                 }
             },
+            False,
             "the student's blocks differ from timm's vit_huge_patch16_radio_v4 (blocks.0.mlp.act: "
             "QuickGELU here, GELU in timm)",
         ),
@@ -259,20 +264,28 @@ def test_layer_scale_no_patch_bias_and_other_widths_load_too(tmp_path: Path) -> 
     ids=["final norm", "one token", "vitdet", "align_corners", "activation"],
 )
 def test_what_timm_cannot_represent_is_refused_in_one_line(
-    c_radio_run: Path, tmp_path: Path, capsys, change: dict, message: str
+    c_radio_run: Path, tmp_path: Path, capsys, change: dict, own_weights: bool, message: str
 ) -> None:
+    """Options that change no weight are refused with the trained checkpoint and a config
+    that sets them (``--config``); a final norm or another token count, with their own."""
     student = copy.deepcopy(C_RADIO_STUDENT)
     student["init_args"].update(change)
-    module = tiny_module(student=tiny_student(**student["init_args"])).eval()
-    checkpoint = _saved_run(module, student, tmp_path / "version_0")
+    out = tmp_path / "out"
+    if own_weights:
+        module = tiny_module(student=tiny_student(**student["init_args"])).eval()
+        checkpoint, config = _saved_run(module, student, tmp_path / "version_0"), []
+    else:
+        checkpoint, config = c_radio_run, ["--config", str(tmp_path / "config.yaml")]
+        model = {"student": student, "teachers": TEACHERS, "student_resolution": 64}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": model}))
     with pytest.raises(SystemExit) as stopped:
-        main(["export", str(checkpoint), "--format", "timm"])
+        main(["export", str(checkpoint), "--format", "timm", "--output", str(out), *config])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     (error,) = [line for line in err.splitlines() if "error:" in line]
     assert message in error and "Traceback" not in err
     assert error.startswith("radio-lit: error: radio-lit export --format timm: ")
-    assert not (tmp_path / "version_0" / "export" / "timm" / "model.safetensors").exists()
+    assert not (out / "model.safetensors").exists()
 
 
 def test_an_eradio_student_is_refused(tmp_path: Path) -> None:
