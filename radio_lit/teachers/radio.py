@@ -303,6 +303,14 @@ def _native(model: str, adaptor: str) -> tuple[nn.Module, int, int]:
             f"{adaptor!r}; set backend: remote_code with trust_remote_code: true to run "
             "NVlabs' code (which has them), or use adaptor: backbone."
         )
+    import transformers
+
+    if not hasattr(transformers, "RadioModel"):
+        raise ImportError(
+            f"RADIOTeacher: transformers {transformers.__version__} has no native RadioModel "
+            "(5.24 has it): upgrade transformers, or set backend: remote_code with "
+            "trust_remote_code: true."
+        )
     from transformers import RadioModel
 
     with download_errors("RADIOTeacher", model, _NATIVE_HINT):
