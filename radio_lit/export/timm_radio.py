@@ -133,7 +133,10 @@ def timm_incompatibilities(model: RadioLitModel) -> list[str]:
 def fold_layer_scale(blocks: nn.Module) -> nn.Module:
     """A copy of ``blocks`` with every timm ``LayerScale`` (``ls1``, ``ls2``: ``x * gamma``)
     folded into the linear layer before it (``attn.proj``, ``mlp.fc2``) and replaced by
-    ``nn.Identity``: the same function, without LayerScale weights."""
+    ``nn.Identity``: the same function, without LayerScale weights (``blocks`` itself when
+    it has none)."""
+    if not any(isinstance(m, LayerScale) for m in blocks.modules()):
+        return blocks
     blocks = copy.deepcopy(blocks)
     for block in blocks:
         for scale, parent in (("ls1", "attn"), ("ls2", "mlp")):
@@ -194,9 +197,16 @@ def timm_model(backbone: RadioBackbone, resolution: tuple[int, int]) -> TimmMode
     """
     generator = backbone.patch_generator
     prefix = generator.cls_token.token.shape[0]
-    wanted = _architecture(
-        generator.patch_size, backbone.blocks, prefix, generator.embedder.out_features
-    )
+    try:
+        wanted = _architecture(
+            generator.patch_size, backbone.blocks, prefix, generator.embedder.out_features
+        )
+    except AttributeError as missing:  # another block type than timm's ViT Block
+        raise ValueError(
+            f"radio-lit export --format timm: the student's blocks are not timm's ViT blocks "
+            f"({missing}), which timm's C-RADIO classes are made of: train on a plain timm ViT "
+            "(e.g. vit_base_patch16_224 with model_kwargs), or export with --format safetensors"
+        ) from None
     options = []
     for name in TIMM_CLASSES:
         defaults = _class_architecture(name)
