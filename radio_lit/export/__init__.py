@@ -8,7 +8,8 @@
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
 - :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`, :func:`save_hf` (a
   Hugging Face folder with its :func:`model_card`; :func:`export_hf` from a checkpoint);
-  :func:`load` (also ``radio_lit.load``).
+  :func:`save_timm` / :func:`export_timm` (the backbone for timm's and transformers' C-RADIO
+  classes); :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.export.cli`).
 """
 
@@ -32,11 +33,13 @@ from radio_lit.export.fold import fold_affine, fold_normalizer
 from radio_lit.export.hf import export_hf, save_hf, select_heads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
+from radio_lit.export.timm_radio import export_timm, save_timm
 
 __all__ = [
     "RadioLitModel",
     "checkpoint_inference_model",
     "export_hf",
+    "export_timm",
     "fold_affine",
     "fold_normalizer",
     "inference_model",
@@ -53,5 +56,6 @@ __all__ = [
     "save_onnx",
     "save_radio",
     "save_safetensors",
+    "save_timm",
     "select_heads",
 ]

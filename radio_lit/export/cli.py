@@ -8,7 +8,10 @@ adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio
 with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
 writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`); ``--format hf`` writes the folder
 ``--output`` (default ``<run>/export/hf``): a Hugging Face model with its card
-(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps.
+(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps; ``--format
+timm`` writes the folder ``--output`` (default ``<run>/export/timm``) that timm's C-RADIO
+classes and transformers' native ``RadioModel`` load, and prints the calls
+(:mod:`radio_lit.export.timm_radio`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import save_radio, save_safetensors
 from radio_lit.export.hf import export_hf
 from radio_lit.export.onnx import save_onnx
+from radio_lit.export.timm_radio import export_timm
 
 
 def main(argv: list[str]) -> None:
@@ -41,14 +45,19 @@ def main(argv: list[str]) -> None:
         type=Path,
         default=None,
         help="output path without suffix (default: <run>/export/<checkpoint name>); the "
-        "folder for --format hf (default: <run>/export/hf)",
+        "folder for --format hf or timm (default: <run>/export/hf or timm)",
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors", "onnx", "hf"],
+        choices=["both", "radio", "safetensors", "onnx", "hf", "timm"],
         default="both",
         help="which files to write: both = radio and safetensors; hf = a Hugging Face model "
-        "folder with its model card (default: both)",
+        "folder with its model card; timm = the backbone as a folder that timm's C-RADIO "
+        "classes (timm.create_model('naflexvit_huge_patch16_radio_v4', pretrained=True, "
+        "pretrained_cfg_overlay=dict(file=...)), the exact call printed) and transformers' "
+        "RadioModel load; refused, naming the fix, for a student they cannot represent (a "
+        "final norm, one prefix token, ViTDet windows at inference, cpe_align_corners true, "
+        "other blocks, E-RADIO) (default: both)",
     )
     parser.add_argument(
         "--heads",
@@ -78,6 +87,13 @@ def main(argv: list[str]) -> None:
         checkpoint_file(args.checkpoint, "checkpoint")
         for path in export_hf(args.checkpoint, folder, args.config, args.heads):
             print(path)
+        return
+    if args.format == "timm":
+        folder = args.output or args.checkpoint.parent.parent / "export" / "timm"
+        _check_folder(folder, "--output" if args.output is not None else "checkpoint")
+        checkpoint_file(args.checkpoint, "checkpoint")
+        paths, calls = export_timm(args.checkpoint, folder, args.config, args.ema)
+        print("\n".join([*map(str, paths), *calls]))
         return
     stem = args.output
     if stem is None:

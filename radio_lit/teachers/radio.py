@@ -1,18 +1,28 @@
 """A RADIO model as a teacher: compress a distilled agglomerative model into a smaller student.
 
 Three sources, one output convention (RADIO's: ``{"backbone": (summary, features), <adaptor>:
-(summary, features)}``, images in ``[0, 1]`` normalized by the model itself):
+(summary, features)}``, images in ``[0, 1]`` normalized by the model itself; the backbone
+summary is the summary teachers' tokens concatenated, RADIO's ``summary_idxs``, and the
+features are the patch tokens):
 
 - ``loader: export`` — a file written by ``radio-lit export`` (or a training ``.ckpt``), read
   by :func:`radio_lit.load`; no code is executed.
+- ``loader: transformers`` — NVlabs' Hugging Face repositories (``nvidia/C-RADIOv4-H``...) or
+  a local folder in their layout (``radio-lit export --format timm`` writes one). By default
+  (``backend: native``) through transformers' own ``RadioModel`` (transformers >= 5), which
+  runs no repository code; it has the backbone only (no adaptor heads, no final norm, no
+  ViTDet), so an ``adaptor`` other than ``backbone`` is refused in one line naming
+  ``backend: remote_code``. ``backend: remote_code`` loads NVlabs' own code through
+  ``AutoModel.from_pretrained(trust_remote_code=True)``, adaptors included.
 - ``loader: torch_hub`` — NVlabs' published models through ``torch.hub.load(hub_repo,
   "radio_model", version=model, adaptor_names=...)``; ``hub_repo`` is ``NVlabs/RADIO`` or a
-  local clone (``source="local"``).
-- ``loader: transformers`` — NVlabs' Hugging Face repositories (``nvidia/C-RADIOv3-H``,
-  ``nvidia/C-RADIOv4-H``...) through ``AutoModel.from_pretrained``.
+  local clone (``source="local"``): always NVlabs' code.
 
-The last two run the repository's own Python code, so they need ``trust_remote_code: true``
-(off by default); the teacher refuses them before anything is downloaded otherwise.
+NVlabs' code runs only when asked: ``torch_hub`` and ``backend: remote_code`` need
+``trust_remote_code: true`` (off by default); the teacher refuses them before anything is
+downloaded otherwise. [choice] timm's C-RADIO classes (``naflexvit_*_radio_v4``) are not a
+teacher source: timm keeps the summary tokens but not which of them RADIO's summary
+concatenates (``summary_idxs``), which transformers' ``RadioModel`` loads with the weights.
 
 Two facts of NVlabs' adaptors the teacher reads from the model rather than assumes:
 
@@ -53,6 +63,9 @@ class RADIOTeacher(Teacher):
             a checkpoint path that its ``hubconf`` accepts; ``transformers``: an HF id or a
             local directory.
         loader: where the model comes from (module docstring).
+        backend: ``loader: transformers``: ``native`` (transformers' ``RadioModel``, no
+            repository code; the backbone only) or ``remote_code`` (NVlabs' code, adaptors
+            included; needs ``trust_remote_code``). Other loaders take ``native``.
         adaptor: ``"backbone"`` (the student trunk's own summary and features) or the name
             of one of the model's adaptors (a teacher it was distilled from: ``"siglip2-g"``,
             ``"dino_v2"``, ``"sam"``..., or a radio-lit export's teacher names).
@@ -63,8 +76,8 @@ class RADIOTeacher(Teacher):
             untrained summary head: no summary, see the module docstring). ``True`` refuses
             an untrained or missing summary; ``False`` drops it (features only).
         hub_repo: ``torch_hub``: the GitHub repository or a local clone's directory.
-        trust_remote_code: allow ``torch_hub`` / ``transformers`` to run the repository's
-            code (required by both; never needed for ``export``).
+        trust_remote_code: allow ``torch_hub`` / ``backend: remote_code`` to run NVlabs'
+            code (required by both; never needed for ``export`` or the native backend).
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
@@ -74,6 +87,7 @@ class RADIOTeacher(Teacher):
         self,
         model: str,
         loader: Literal["export", "torch_hub", "transformers"] = "export",
+        backend: Literal["native", "remote_code"] = "native",
         adaptor: str = "backbone",
         resolution: int | None = None,
         follow_student: bool = False,
@@ -83,13 +97,15 @@ class RADIOTeacher(Teacher):
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
     ) -> None:
-        net, patch, preferred = _load(model, loader, adaptor, hub_repo, trust_remote_code)
+        net, patch, preferred = _load(model, loader, backend, adaptor, hub_repo, trust_remote_code)
         resolution = resolution or preferred
         # the model normalizes its [0, 1] input itself: the view is only resized
         super().__init__(resolution, patch, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), follow_student)
         self.model = cast(net, dtype)
         self.adaptor = adaptor
         self.loader = loader
+        #: transformers' native RadioModel: one output, RadioModelOutput(summary, features).
+        self.native = loader == "transformers" and backend == "native"
         self.use_summary = _use_summary(net, model, loader, adaptor, summary)
         self.freeze(channels_last)
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
@@ -126,7 +142,7 @@ class RADIOTeacher(Teacher):
         outputs = (
             self.model(view, feature_fmt="NLC") if self.loader == "torch_hub" else self.model(view)
         )
-        if not isinstance(outputs, dict):  # NVlabs' model without adaptors: (summary, features)
+        if self.native or not isinstance(outputs, dict):  # the backbone's (summary, features)
             outputs = {"backbone": outputs}
         if self.adaptor not in outputs:
             raise ValueError(
@@ -217,9 +233,19 @@ def _dtype(net: nn.Module) -> torch.dtype:
 
 
 def _load(
-    model: str, loader: str, adaptor: str, hub_repo: str, trust_remote_code: bool
+    model: str, loader: str, backend: str, adaptor: str, hub_repo: str, trust_remote_code: bool
 ) -> tuple[nn.Module, int, int]:
-    """``(model, patch size, preferred resolution)`` from ``loader``."""
+    """``(model, patch size, preferred resolution)`` from ``loader`` and ``backend``."""
+    if backend not in ("native", "remote_code"):
+        raise ValueError(f"unknown backend {backend!r}; use native or remote_code.")
+    if backend == "remote_code" and loader != "transformers":
+        raise ValueError(
+            f"RADIOTeacher: backend: remote_code applies to loader: transformers (loader "
+            f"{loader!r} {'always runs NVlabs code' if loader == 'torch_hub' else 'runs none'})"
+            "; leave backend unset."
+        )
+    if loader == "transformers" and backend == "native":
+        return _native(model, adaptor)
     if loader == "export":
         file = require_file(model, "RADIOTeacher export", "Write one with radio-lit export.")
         from radio_lit.export.files import load  # the file format lives with the export
@@ -238,7 +264,8 @@ def _load(
         where = hub_repo if loader == "torch_hub" else model
         raise ValueError(
             f"RADIOTeacher: loading {model!r} with {loader} runs the Python code of {where!r}; "
-            "set trust_remote_code: true to allow it (or use a radio-lit export file)."
+            "set trust_remote_code: true to allow it (or use a radio-lit export file, or "
+            "loader: transformers with backend: native for the backbone)."
         )
     adaptors = [] if adaptor == "backbone" else [adaptor]
     if loader == "torch_hub":
@@ -267,6 +294,44 @@ def _load(
     return net, patch, side
 
 
+def _native(model: str, adaptor: str) -> tuple[nn.Module, int, int]:
+    """transformers' own ``RadioModel`` of an NVlabs-layout Hugging Face id or folder:
+    ``(model, patch size, preferred resolution)``; runs no repository code."""
+    if adaptor != "backbone":
+        raise ValueError(
+            f"RADIOTeacher: transformers' native RadioModel has no adaptor heads, so no output "
+            f"{adaptor!r}; set backend: remote_code with trust_remote_code: true to run "
+            "NVlabs' code (which has them), or use adaptor: backbone."
+        )
+    import transformers
+
+    if not hasattr(transformers, "RadioModel"):
+        raise ImportError(
+            f"RADIOTeacher: transformers {transformers.__version__} has no native RadioModel "
+            "(5.24 has it): upgrade transformers, or set backend: remote_code with "
+            "trust_remote_code: true."
+        )
+    from transformers import RadioModel
+
+    with download_errors("RADIOTeacher", model, _NATIVE_HINT):
+        net, info = RadioModel.from_pretrained(model, output_loading_info=True)
+    missing = sorted(info["missing_keys"]) + [str(k) for k in info.get("mismatched_keys", [])]
+    if missing:
+        raise ValueError(
+            f"RADIOTeacher: {model!r} is not in NVlabs' C-RADIO layout that transformers' "
+            f"RadioModel reads (missing or mismatched weights {missing[:3]}); for a radio-lit "
+            "export use loader: export, for other NVlabs models backend: remote_code."
+        )
+    config = net.config
+    ours = getattr(config, "radio_lit", None) or {}  # radio-lit export --format timm
+    preferred = getattr(config, "preferred_resolution", None) or ours.get("preferred_resolution")
+    return net, int(config.patch_size), int(preferred[0]) if preferred else 432
+
+
+_NATIVE_HINT = (
+    "Offline: download the repository once (hf download <id>) and give its folder as model, "
+    "or use a radio-lit export file with loader: export."
+)
 _HUB_HINT = (
     "Offline: clone NVlabs/RADIO and give its directory as hub_repo with a downloaded "
     "checkpoint file as model, or use a radio-lit export file with loader: export."

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import timm
 import torch
+from safetensors.torch import save_file
+from timm.data import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 import radio_lit
 from radio_lit.teachers import RADIOTeacher
@@ -59,10 +63,155 @@ def test_unknown_adaptor_lists_the_models_outputs(exported: Path) -> None:  # no
         RADIOTeacher(str(exported / "student.pth"), adaptor="siglip")
 
 
-@pytest.mark.parametrize("loader", ["torch_hub", "transformers"])
-def test_remote_code_is_an_explicit_opt_in(loader: str) -> None:
+@pytest.mark.parametrize("backend", ["native", "remote_code"])
+def test_remote_code_is_an_explicit_opt_in(backend: str) -> None:
+    loader = "torch_hub" if backend == "native" else "transformers"  # torch_hub is NVlabs' code
     with pytest.raises(ValueError, match="runs the Python code of .*set trust_remote_code: true"):
-        RADIOTeacher("nvidia/C-RADIOv3-H", loader=loader)
+        RADIOTeacher("nvidia/C-RADIOv3-H", loader=loader, backend=backend)
+
+
+#: The tiny C-RADIO model's teachers, as NVlabs' checkpoints list them (``args.teachers``).
+NVLABS_TEACHERS = [
+    {"name": "siglip2-g", "use_summary": True},
+    {"name": "dino_v3", "use_summary": True},
+    {"name": "sam3", "use_summary": False},
+]
+
+
+@pytest.fixture(scope="module")
+def nvlabs_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny C-RADIOv4-shaped model with random weights as NVlabs publishes one: the
+    torch.hub file (``args`` and ``state_dict``: ``base_model.*``, ``input_conditioner.*``,
+    adaptor MLPs) and the Hugging Face folder of the same weights (``model.safetensors``
+    under ``radio_model.*`` with ``summary_idxs``; ``config.json`` with transformers'
+    ``RadioConfig`` fields and NVlabs' ``args``). Patch 16, width 32, 3 summary tokens then 7
+    registers, no final norm, a 16 x 16 CPE grid (256 px)."""
+    folder = tmp_path_factory.mktemp("nvlabs")
+    generator = torch.Generator().manual_seed(7)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * 0.5
+
+    kwargs = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+    vit = timm.create_model("vit_tiny_patch16_224", final_norm=False, **kwargs)
+    blocks = {k: rand(*v.shape) for k, v in vit.state_dict().items() if k.startswith("blocks.")}
+    base = {
+        "patch_generator.embedder.weight": rand(32, 3 * 16 * 16) * 0.1,
+        "patch_generator.pos_embed": rand(1, 16 * 16, 32),
+        "patch_generator.cls_token.token": rand(10, 32),
+        **blocks,
+    }
+    conditioner = {
+        "norm_mean": torch.tensor(OPENAI_CLIP_MEAN).view(3, 1, 1),
+        "norm_std": torch.tensor(OPENAI_CLIP_STD).view(3, 1, 1),
+    }
+    adaptors = {}
+    for teacher in NVLABS_TEACHERS:
+        for group, width in (("_heads", 24), ("_feature_projections", 40)):
+            prefix = f"{group}.{teacher['name']}."
+            shapes = {"fc1": (48, 32), "final.0": (48,), "final.2": (width, 48)}
+            for layer, shape in shapes.items():
+                adaptors[prefix + layer + ".weight"] = rand(*shape)
+                adaptors[prefix + layer + ".bias"] = rand(shape[0])
+    args = Namespace(
+        model="vit_tiny_patch16_224", model_kwargs=kwargs, num_classes=0, model_norm=False,
+        cpe_max_size=256, teachers=NVLABS_TEACHERS, cls_token_per_teacher=True,
+        cpe_num_registers=7,
+    )  # fmt: skip
+    state = {
+        **{f"base_model.{k}": v for k, v in base.items()},
+        **{f"input_conditioner.{k}": v for k, v in conditioner.items()},
+        **adaptors,
+    }
+    hub_file = folder / "c-radio_tiny.pth.tar"
+    torch.save({"args": args, "state_dict": state}, hub_file)
+    hf = folder / "hf"
+    hf.mkdir()
+    weights = {f"radio_model.model.{k}": v for k, v in base.items()}
+    weights.update({f"radio_model.input_conditioner.{k}": v for k, v in conditioner.items()})
+    weights["radio_model.summary_idxs"] = torch.tensor([0, 1])
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(hf / "model.safetensors"))
+    config = {
+        "model_type": "radio", "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "patch_size": 16, "max_img_size": 256, "num_cls_tokens": 3,
+        "num_registers": 7, "summary_idxs": [0, 1], "preferred_resolution": [64, 64],
+        "args": {**vars(args), "model_kwargs": kwargs},
+    }  # fmt: skip
+    (hf / "config.json").write_text(json.dumps(config))
+    return hub_file, hf
+
+
+#: ``hubconf.py`` of a local stand-in for NVlabs/RADIO whose ``radio_model`` computes the
+#: checkpoint format's definition (``tests/export/radio_reference.py``, written from NVlabs'
+#: ``RADIOModel.forward``): the remote-code path, offline.
+REFERENCE_HUBCONF = """
+from collections import namedtuple
+
+import torch
+from torch import nn
+
+from tests.export.radio_reference import reference_forward
+
+Output = namedtuple("Output", "summary features")
+
+
+class Model(nn.Module):
+    patch_size = 16
+    preferred_resolution = (64, 64)
+
+    def __init__(self, checkpoint, names):
+        super().__init__()
+        self.checkpoint, self.names = checkpoint, names
+        self.anchor = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, feature_fmt="NLC"):
+        out = reference_forward(self.checkpoint, x)
+        return {n: Output(*out[n]) for n in ["backbone", *self.names]}
+
+
+def radio_model(version="", adaptor_names=None, **kwargs):
+    return Model(torch.load(version, weights_only=False), adaptor_names or [])
+"""
+
+
+@pytest.mark.parametrize("size", [(64, 64), (48, 80)], ids=str)
+def test_native_transformers_equals_the_remote_code_path(nvlabs_model, tmp_path, size) -> None:
+    """transformers' own RadioModel (the default for loader: transformers; no repository
+    code) gives the teacher NVlabs' outputs: the backbone summary is the summary teachers'
+    tokens concatenated, the features the patch tokens."""
+    hub_file, hf = nvlabs_model
+    (tmp_path / "hubconf.py").write_text(REFERENCE_HUBCONF)
+    remote = RADIOTeacher(
+        str(hub_file), loader="torch_hub", hub_repo=str(tmp_path), trust_remote_code=True
+    )
+    native = RADIOTeacher(str(hf), loader="transformers", follow_student=True)
+    assert type(native.model).__name__ == "RadioModel"  # transformers' class, no remote code
+    assert native.resolution == 64 and native.patch_size == 16
+    assert (
+        (native.summary_dim, native.feature_dim)
+        == (2 * 32, 32)
+        == (
+            remote.summary_dim,
+            remote.feature_dim,
+        )
+    )
+    images = _images(*size)
+    from_native, from_remote = native(images, size), remote(images, size)
+    assert from_native.features.shape == (2, size[0] // 16, size[1] // 16, 32)
+    torch.testing.assert_close(from_native.features, from_remote.features, **EXACT)
+    torch.testing.assert_close(from_native.summary, from_remote.summary, **EXACT)
+
+
+def test_native_transformers_names_what_it_cannot_give(nvlabs_model, tmp_path) -> None:
+    hub_file, hf = nvlabs_model
+    with pytest.raises(ValueError, match="native RadioModel has no adaptor heads.*backend: remote"):
+        RADIOTeacher(str(hf), loader="transformers", adaptor="dino_v3")
+    with pytest.raises(ValueError, match="backend: remote_code applies to loader: transformers"):
+        RADIOTeacher(str(hub_file), loader="torch_hub", backend="remote_code")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "radio", "hidden_size": 32}))
+    save_file({"other.weight": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="not in NVlabs' C-RADIO layout.*missing or mismatched"):
+        RADIOTeacher(str(tmp_path), loader="transformers")
 
 
 @pytest.mark.skipif(
