@@ -55,10 +55,12 @@ def _assert_same(a: dict, b: dict) -> None:
 def test_automodel_and_load_give_the_same_outputs(trained, hf_run) -> None:
     checkpoint, folder = hf_run
     assert sorted(p.name for p in folder.iterdir()) == [
+        "LICENSE.md",
         "README.md",
         "config.json",
         "model.safetensors",
         "preprocessor_config.json",
+        "radio_lit_auto.py",
     ]
     images = torch.rand(2, 3, 48, 80, generator=torch.Generator().manual_seed(3))
     auto = AutoModel.from_pretrained(folder).eval()
@@ -92,6 +94,52 @@ def test_automodel_loads_in_a_fresh_process_without_remote_code(hf_run) -> None:
     assert done.stdout.split("\n")[0] == "RadioLitHFModel ['backbone', 'clip', 'dino', 'sam']"
 
 
+def test_automodel_without_import_radio_lit_says_what_to_do_and_that_works(
+    hf_run, tmp_path: Path
+) -> None:
+    """Without ``import radio_lit``: not transformers' "update Transformers" (an unknown
+    model_type) but a request for ``trust_remote_code=True``, which then loads the model
+    through the folder's ``radio_lit_auto.py`` (radio-lit's own classes, imported)."""
+    _, folder = hf_run
+    script = (
+        "import sys, torch\n"
+        "from transformers import AutoModel\n"
+        "try:\n"
+        f"    AutoModel.from_pretrained({str(folder)!r})\n"
+        "except ValueError as error:\n"
+        "    print('refused:', ' '.join(str(error).split()))\n"
+        "assert 'radio_lit' not in sys.modules\n"
+        f"model = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
+        "out = model(torch.ones(1, 3, 32, 32))\n"
+        "print(type(model).__name__, sorted(out), float(out['dino'].features.sum()))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, loaded = done.stdout.strip().split("\n")[-2:]
+    assert "trust_remote_code=True" in refused and "upgrade" not in refused
+    name, rest = loaded.split(" ", 1)
+    assert name == "RadioLitHFModel" and "'backbone', 'clip', 'dino', 'sam'" in rest
+    with torch.no_grad():
+        expected = float(radio_lit.load(folder)(torch.ones(1, 3, 32, 32))["dino"].features.sum())
+    assert float(rest.rsplit(" ", 1)[1]) == pytest.approx(expected, rel=1e-5)
+    shim = (folder / "radio_lit_auto.py").read_text()
+    assert "import radio_lit" in shim and "pip install radio-lit" in shim
+
+
 def test_preprocessor_config_gives_the_model_its_input(hf_run) -> None:
     _, folder = hf_run
     processor = AutoImageProcessor.from_pretrained(folder)
@@ -111,21 +159,22 @@ def test_card_names_the_teachers_and_shows_the_run_metrics(hf_run) -> None:
     meta = yaml.safe_load(front)
     assert meta["library_name"] == "radio-lit"
     assert meta["pipeline_tag"] == "image-feature-extraction"
-    (result,) = meta["model-index"][0]["results"]  # eval/ scalars only, the last value
-    assert result["task"]["type"] == "image-segmentation"
-    assert result["metrics"][0]["value"] == 0.375
+    assert meta["license_link"] == "LICENSE.md" and (folder / "LICENSE.md").is_file()
+    assert "model-index" not in meta  # the checkpoint records no step: no result is its own
     for teacher in ("| clip | OpenCLIPTeacher |", "| dino | DINOv2Teacher |", "| sam |"):
         assert teacher in body
-    assert "| eval/segmentation/backbone/miou_64 | 0.375 | 100 |" in body
+    name = "linear-probe segmentation mIoU (%) at 64 px (backbone features)"
+    assert f"| {name} | 0.375 | 100 |" in body
     assert "step_2" not in card  # curve points are no final metric
-    assert "| val/fidelity_geomean | 1.5 | 100 |" in body and "train/loss" not in body
+    assert "| fidelity, geometric mean over the teachers | 1.5 | 101 |" in body
+    assert "train/loss" not in body
 
 
 def test_card_without_logged_metrics_says_not_evaluated(trained, tmp_path: Path) -> None:
     checkpoint = saved_run(trained, tmp_path / "version_0")
     main(["export", str(checkpoint), "--format", "hf", "--heads", "dino"])
-    folder = tmp_path / "version_0" / "export" / "hf"
-    assert "not evaluated" in (folder / "README.md").read_text()
+    folder = tmp_path / "version_0" / "export" / "last-hf"
+    assert "Not evaluated" in (folder / "README.md").read_text()
     model = radio_lit.load(folder)
     assert model.teacher_names == ["dino"]
     images = torch.rand(1, 3, 64, 64)
@@ -213,7 +262,7 @@ def test_model_paths_take_the_folder_and_refuse_other_folders(
     umask = os.umask(0o022)
     os.umask(umask)
     assert mode == 0o666 & ~umask  # readable as torch.save's files are, not safetensors' 0600
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="holds no model radio-lit loads"):
         model_file(tmp_path, "--model_path")
     with pytest.raises(FileNotFoundError, match="no local path, and the Hub model"):
         radio_lit.load("nobody/nothing-here")
