@@ -18,14 +18,15 @@ records (``preferred_resolution``, the student's training resolution, and ``patc
 ``<stem>.json``); ``--run_config`` adds the run's teachers (for zero-shot, mode switching and
 the teacher PCA panels) and its student resolution, ``--resolution`` overrides both.
 
-Before it runs them, the command prints which measures it runs and where they come from, and
-names each one it skips with the reason: a measure that compares the student with its
+Before it runs them, the command prints (on stderr) which measures it runs and where they come
+from, and names each one it skips with the reason: a measure that compares the student with its
 teachers (zero-shot, mode switching) cannot run on an exported model without the run's
 teachers (``--run_config``).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -173,11 +174,12 @@ def _measures(cli: Any, rest: list[str]) -> tuple[list[Evaluation], str]:
 
 
 def _runnable(measures: list[Evaluation], view: ModelView, origin: str) -> list[Evaluation]:
-    """The measures that can run on ``view``, printed with where they come from; those that
-    compare the student with teachers the view lacks are named as skipped, with the reason."""
+    """The measures that can run on ``view``, listed on stderr (the table of results goes to
+    stdout) with where they come from; those that compare the student with teachers the view
+    lacks are named as skipped, with the reason."""
     skipped = [m for m in measures if _missing_teachers(m, view)]
     runs = [m for m in measures if m not in skipped]
-    print(f"radio-lit evaluate: measures ({origin}): {_names(runs) or 'none'}")
+    print(f"radio-lit evaluate: measures ({origin}): {_names(runs) or 'none'}", file=sys.stderr)
     if skipped:
         missing = sorted({t for m in skipped for t in _missing_teachers(m, view)})
         reason = (
@@ -188,7 +190,8 @@ def _runnable(measures: list[Evaluation], view: ModelView, origin: str) -> list[
         )
         print(
             f"radio-lit evaluate: skipped: {_names(skipped)}: they compare the student with "
-            f"its teachers, and {reason}"
+            f"its teachers, and {reason}",
+            file=sys.stderr,
         )
     return runs
 

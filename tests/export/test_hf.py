@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from transformers import AutoImageProcessor, AutoModel
 
 import radio_lit
 from radio_lit.cli import main
+from radio_lit.data.image_folder import sample_images_dir
 from radio_lit.export import module_inference_model, save_hf
 from radio_lit.export.card import teacher_source
 from radio_lit.export.files import model_file
@@ -190,6 +192,34 @@ def test_an_unknown_head_is_one_line(trained, tmp_path: Path, capsys) -> None:
         main(["export", str(checkpoint), "--format", "hf", "--heads", "siglip"])
     assert stopped.value.code == 2
     assert "--heads: the model has no teacher 'siglip'" in capsys.readouterr().err
+
+
+def test_a_folder_without_config_json_gets_advice_that_works(trained, tmp_path: Path, capsys):
+    """``predict`` / ``evaluate`` on a Hugging Face folder that lost its config.json (or on
+    its weights file) say to export it again; doing so makes predict work."""
+    checkpoint = saved_run(trained, tmp_path / "version_0")
+    folder = tmp_path / "out"
+    main(["export", str(checkpoint), "--format", "hf", "--output", str(folder)])
+    (folder / "config.json").unlink()
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(sample_images_dir() / "coffee.jpg", images)
+    predict = ["predict", "--images", str(images), "--output", str(tmp_path / "features")]
+    advice = f"radio-lit export CHECKPOINT --format hf --output {folder} --overwrite"
+    for command in (
+        [*predict, "--model_path", str(folder)],
+        [*predict, "--model_path", str(folder / "model.safetensors")],
+        ["evaluate", "--model_path", str(folder)],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main(command)
+        assert stopped.value.code == 2, command
+        error = capsys.readouterr().err.splitlines()[0]
+        assert "but no config.json" in error and error.endswith(f"({advice})"), error
+    main(["export", str(checkpoint), "--format", "hf", "--output", str(folder), "--overwrite"])
+    main([*predict, "--model_path", str(folder)])
+    assert (tmp_path / "features" / "manifest.json").is_file()
 
 
 def test_load_takes_a_hub_id_from_the_hub_cache_offline(
