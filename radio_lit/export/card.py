@@ -356,10 +356,12 @@ def _student_lines(student: Mapping[str, Any]) -> list[str]:
     args = student.get("init_args") or {}
     lines = [f"- student config: `{_class_name(student)}` `{_inline(args)}`"]
     if args.get("vitdet_window_sizes"):
+        at_inference = args.get("vitdet_eval_window_size")
         lines.append(
             f"- ViTDet windowed attention in training: windows {args['vitdet_window_sizes']} "
-            f"tokens, in {args.get('vitdet_probability', 1.0):g} of the steps (AM-RADIO 4, "
-            "C-RADIOv4 report 3.2); global attention at inference"
+            f"tokens, in {args.get('vitdet_probability', 1.0):g} of the steps (AM-RADIO "
+            "supplement C, C-RADIOv4 report 3.2); at inference "
+            + (f"windows of {at_inference} tokens" if at_inference else "global attention")
         )
     return lines
 

@@ -77,6 +77,11 @@ _NAMES = tuple(
         (r"val/fidelity_geomean", "fidelity, geometric mean over the teachers"),
         (r"val/(?P<t>[^/]+)/feature_loss", "{t}: feature loss (normalized space)"),
         (r"val/(?P<t>[^/]+)/summary_loss", "{t}: summary loss"),
+        (
+            r"val/(?P<p>[^/]+)/(?P<t>[^/]+)/feature_loss",
+            "{t}: feature loss in partition {p} (normalized space)",
+        ),
+        (r"val/(?P<p>[^/]+)/(?P<t>[^/]+)/summary_loss", "{t}: summary loss in partition {p}"),
         (r"val/(?P<t>[^/]+)/mse", "{t}: feature MSE in the teacher's space"),
         (r"val/(?P<t>[^/]+)/fidelity", "{t}: fidelity (teacher variance / MSE; 1 = the mean)"),
         (r"val/(?P<t>[^/]+)/fidelity_global", "{t}: fidelity around one global mean"),
