@@ -289,9 +289,7 @@ def main(argv: Sequence[str]) -> None:
             raise ConfigError(f"--{option} must be positive, got {getattr(args, option)}")
     if args.output.exists() and not args.output.is_dir():
         raise ConfigError(f"--output: {args.output} is a file; give a folder for the shards")
-    if args.overwrite:
-        remove_predictions(args.output)
-    else:
+    if not args.overwrite:
         refuse_overwrite([args.output], "radio-lit predict")
     if args.ckpt_path is not None:
         source = checkpoint_file(args.ckpt_path, "--ckpt_path")
@@ -307,6 +305,8 @@ def main(argv: Sequence[str]) -> None:
         images = folder_images(args.images)
     else:
         total, images = None, shard_images(args.shards)
+    if args.overwrite:  # the model and images are found: replace the earlier prediction
+        remove_predictions(args.output)
     manifest = predict(
         model,
         images,

@@ -95,10 +95,6 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     return json.loads(config_path.read_text()), load_file(str(path))
 
 
-#: Suffixes of the files :func:`load` reads.
-MODEL_SUFFIXES = (".safetensors", *RADIO_SUFFIXES, ".ckpt")
-
-
 def model_file(path: str | Path, option: str | None = None) -> Path:
     """``path`` checked as a model for :func:`load`: a file, a Hugging Face model folder
     (``config.json`` inside) or a Hub id (``owner/name``, no such local path). Anything else (a

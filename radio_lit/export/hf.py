@@ -77,7 +77,9 @@ Importing radio-lit first needs no remote code:
 try:
     from radio_lit.hf.configuration import RadioLitConfig as _Config
     from radio_lit.hf.modeling import RadioLitHFModel as _Model
-except ImportError as error:
+except ModuleNotFoundError as error:
+    if error.name != "radio_lit":
+        raise
     raise ImportError(
         "this model is a radio-lit export: install radio-lit (pip install radio-lit, or from "
         "{repository}), then import radio_lit before AutoModel.from_pretrained"
