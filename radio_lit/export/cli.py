@@ -80,8 +80,9 @@ def main(argv: list[str]) -> None:
         "--format",
         choices=["both", "radio", "safetensors", "onnx", "hf"],
         default="both",
-        help="which files to write: both = radio and safetensors; hf = a Hugging Face model "
-        "folder with its model card (default: both)",
+        help="which files to write: radio = <stem>.pth; safetensors = <stem>.safetensors and "
+        "<stem>.json; both = radio and safetensors; onnx = <stem>.onnx and <stem>.onnx.data; "
+        "hf = a Hugging Face model folder with its model card (default: both)",
     )
     parser.add_argument(
         "--heads",
