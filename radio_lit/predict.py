@@ -21,6 +21,10 @@ Written in ``--output``:
   and image names (paths relative to ``--images``, or ``<shard>/<key>`` for webdataset), plus
   the images that could not be read.
 
+An ``--output`` folder that is not empty is refused in one line naming ``--overwrite``; with
+it, the shards an earlier manifest there lists are removed first, so that none of them stays
+beside the new manifest.
+
 :func:`read_predictions` reads them back.
 """
 
@@ -45,7 +49,7 @@ from radio_lit.data.image_folder import list_images, resolve_image_root
 from radio_lit.data.shards import decode_image, existing_shard_urls
 from radio_lit.data.transforms import UnreadableImageError, load_rgb
 from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
-from radio_lit.export.files import model_file, save_umask_file
+from radio_lit.export.files import model_file, refuse_overwrite, save_umask_file
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--images", help="a folder of images, searched recursively")
     source.add_argument("--shards", help="webdataset shards, e.g. 'data/{00000..00009}.tar'")
     p.add_argument("--output", type=Path, required=True, help="folder to write the shards to")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --output (replacing an earlier prediction's shards)",
+    )
     p.add_argument(
         "--resolution",
         type=int,
@@ -252,6 +261,24 @@ def read_predictions(folder: str | Path) -> tuple[list[str], dict[str, Tensor]]:
     return names, {k: torch.cat(v) for k, v in parts.items()}
 
 
+def remove_predictions(folder: Path) -> None:
+    """Remove what an earlier ``radio-lit predict`` wrote in ``folder``: the shards its
+    manifest lists, and the manifest (other files stay)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        shards = [str(s["file"]) for s in json.loads(manifest.read_text()).get("shards", [])]
+    except (ValueError, AttributeError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"--overwrite: {manifest} cannot be read ({error}); remove it, or give another --output"
+        ) from error
+    for name in shards:
+        if Path(name).name == name:  # a file of this folder, as predict writes them
+            (folder / name).unlink(missing_ok=True)
+    manifest.unlink()
+
+
 def main(argv: Sequence[str]) -> None:
     """Entry point of ``radio-lit predict``."""
     import radio_lit
@@ -260,6 +287,10 @@ def main(argv: Sequence[str]) -> None:
     for option in ("batch_size", "images_per_shard"):
         if getattr(args, option) < 1:
             raise ConfigError(f"--{option} must be positive, got {getattr(args, option)}")
+    if args.output.exists() and not args.output.is_dir():
+        raise ConfigError(f"--output: {args.output} is a file; give a folder for the shards")
+    if not args.overwrite:
+        refuse_overwrite([args.output], "radio-lit predict")
     if args.ckpt_path is not None:
         source = checkpoint_file(args.ckpt_path, "--ckpt_path")
         model = radio_lit.load(source, pad=args.pad, config=args.run_config)
@@ -274,6 +305,8 @@ def main(argv: Sequence[str]) -> None:
         images = folder_images(args.images)
     else:
         total, images = None, shard_images(args.shards)
+    if args.overwrite:  # the model and images are found: replace the earlier prediction
+        remove_predictions(args.output)
     manifest = predict(
         model,
         images,

@@ -17,10 +17,16 @@ folder included) is loaded with ``radio_lit.load`` and evaluated at the resoluti
 records (``preferred_resolution``, the student's training resolution, and ``patch_size`` in
 ``<stem>.json``); ``--run_config`` adds the run's teachers (for zero-shot, mode switching and
 the teacher PCA panels) and its student resolution, ``--resolution`` overrides both.
+
+Before it runs them, the command prints (on stderr) which measures it runs and where they come
+from, and names each one it skips with the reason: a measure that compares the student with its
+teachers (zero-shot, mode switching) cannot run on an exported model without the run's
+teachers (``--run_config``).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,7 +101,8 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
         view, step, module = _checkpoint_view(cli, options.ckpt_path, device)
     else:
         view, step, module = _exported_view(options, cli, device)
-    measures = _measures(cli, rest, bool(view.teachers))
+    measures, origin = _measures(cli, rest)
+    measures = _runnable(measures, view, origin)
     report = Report()
     bar = tqdm(measures, unit="measure", desc="evaluate", dynamic_ncols=True)
     with evaluation_mode(module), torch.no_grad(), bar:
@@ -150,21 +157,58 @@ def _run_cli(run_config: str) -> Any:
         return RadioLitCLI(args=args, run=False)
 
 
-def _measures(cli: Any, rest: list[str], has_teachers: bool) -> list[Evaluation]:
-    """The measures: from this command line's ``--config`` / ``--trainer.callbacks…``
-    arguments if any, else the run's evaluation callbacks, else every measure by default
-    (those comparing with teachers only when the teachers are known)."""
+def _measures(cli: Any, rest: list[str]) -> tuple[list[Evaluation], str]:
+    """The measures, and where they come from: this command line's ``--config`` /
+    ``--trainer.callbacks…`` arguments if any, else the run's evaluation callbacks, else the
+    seven defaults (kNN, PCA images, scale equivariance, RankMe, token merging, zero-shot,
+    mode switching; the segmentation probe trains a head of its own: only when asked)."""
     if rest:
-        return [c for c in _callbacks(rest) if isinstance(c, Evaluation)]
+        return [c for c in _callbacks(rest) if isinstance(c, Evaluation)], "the given --config"
     given = cli.trainer.callbacks if cli is not None else []
     measures = [c for c in given if isinstance(c, Evaluation)]
     if measures:
-        return measures
+        return measures, "the run's evaluation callbacks"
     defaults: list[Evaluation] = [KNNClassification(), PCAFeatureImages(), ScaleEquivariance()]
-    defaults += [RankMe(), TokenMerging()]
-    if has_teachers:
-        defaults += [ZeroShotClassification(), ModeSwitching()]
-    return defaults
+    defaults += [RankMe(), TokenMerging(), ZeroShotClassification(), ModeSwitching()]
+    return defaults, "the defaults"
+
+
+def _runnable(measures: list[Evaluation], view: ModelView, origin: str) -> list[Evaluation]:
+    """The measures that can run on ``view``, listed on stderr (the table of results goes to
+    stdout) with where they come from; those that compare the student with teachers the view
+    lacks are named as skipped, with the reason."""
+    skipped = [m for m in measures if _missing_teachers(m, view)]
+    runs = [m for m in measures if m not in skipped]
+    print(f"radio-lit evaluate: measures ({origin}): {_names(runs) or 'none'}", file=sys.stderr)
+    if skipped:
+        missing = sorted({t for m in skipped for t in _missing_teachers(m, view)})
+        reason = (
+            f"the model has no teacher {', '.join(missing)}"
+            if view.teachers
+            else "an exported model carries no teachers: give --run_config RUN/config.yaml to "
+            "build the run's"
+        )
+        print(
+            f"radio-lit evaluate: skipped: {_names(skipped)}: they compare the student with "
+            f"its teachers, and {reason}",
+            file=sys.stderr,
+        )
+    return runs
+
+
+def _missing_teachers(measure: Evaluation, view: ModelView) -> list[str]:
+    """The teachers ``measure`` compares the student with that ``view`` lacks; mode switching
+    without a list of teachers compares with all of the model's, so it needs one at least."""
+    needed = list(measure.required_teachers())
+    if isinstance(measure, ModeSwitching):
+        needed += measure.teachers or []
+        if not needed and not view.teachers:
+            return ["any"]
+    return [t for t in needed if t not in view.teachers]
+
+
+def _names(measures: list[Evaluation]) -> str:
+    return ", ".join(type(m).__name__ for m in measures)
 
 
 def _callbacks(argv: list[str]) -> list[Any]:

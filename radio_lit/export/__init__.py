@@ -6,14 +6,17 @@
   :func:`module_inference_model` (from a ``DistillationModule``),
   :func:`checkpoint_inference_model` (from a ``.ckpt`` and its config): a
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
+- :func:`exported_model`: :func:`checkpoint_inference_model` with the weights' source
+  (checkpoint, step, raw or EMA) in its config.
 - :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`, :func:`save_hf` (a
-  Hugging Face folder with its :func:`model_card`; :func:`export_hf` from a checkpoint);
+  Hugging Face folder with its :func:`model_card`, written from what the run logged for the
+  checkpoint's step, :func:`run_metrics`; :func:`export_hf` from a checkpoint);
   :func:`save_timm` / :func:`export_timm` (the backbone for timm's and transformers' C-RADIO
   classes); :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.export.cli`).
 """
 
-from radio_lit.export.card import model_card, run_metrics
+from radio_lit.export.card import model_card
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.convert import (
     inference_model,
@@ -31,8 +34,10 @@ from radio_lit.export.files import (
 )
 from radio_lit.export.fold import fold_affine, fold_normalizer
 from radio_lit.export.hf import export_hf, save_hf, select_heads
+from radio_lit.export.logged import run_metrics
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
+from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm, save_timm
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "checkpoint_inference_model",
     "export_hf",
     "export_timm",
+    "exported_model",
     "fold_affine",
     "fold_normalizer",
     "inference_model",

@@ -1,37 +1,71 @@
-"""``radio-lit export``: a training checkpoint as NVlabs/RADIO's format, safetensors or ONNX.
+"""``radio-lit export``: a checkpoint to RADIO's format, safetensors, ONNX or Hugging Face.
 
-    radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--resolution H W]
+    radio-lit export CHECKPOINT [--config FILE] [--output STEM] [--format F] [--ema]
+        [--resolution H W] [--heads T ...] [--name NAME] [--overwrite]
 
 Writes, from a training checkpoint and its run's config, ``<stem>.pth`` (NVlabs/RADIO's
 format: ``torch.hub.load('NVlabs/RADIO', 'radio_model', version='<stem>.pth',
 adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio_lit.load``),
 with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
-writes ``<stem>.onnx`` (:mod:`radio_lit.export.onnx`); ``--format hf`` writes the folder
-``--output`` (default ``<run>/export/hf``): a Hugging Face model with its card
-(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps; ``--format
-timm`` writes the folder ``--output`` (default ``<run>/export/timm``) that timm's C-RADIO
-classes and transformers' native ``RadioModel`` load, and prints the calls
-(:mod:`radio_lit.export.timm_radio`).
+writes ``<stem>.onnx`` and ``<stem>.onnx.data`` (:mod:`radio_lit.export.onnx`); ``--format
+hf`` writes the folder ``--output``: a Hugging Face model with its card
+(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps and ``--name``
+its name; ``--format timm`` writes the folder ``--output`` that timm's C-RADIO classes and
+transformers' native ``RadioModel`` load, and prints the calls
+(:mod:`radio_lit.export.timm_radio`). The default stem is ``<run>/export/<checkpoint name>``
+(``-ema`` added with ``--ema``; ``-hf`` or ``-timm`` added for the folders). Every export records its source (checkpoint,
+step, raw or EMA weights: :mod:`radio_lit.export.source`).
+
+Nothing is overwritten unasked: an output file that exists, or a non-empty folder, is refused
+in one line naming ``--overwrite`` (:func:`outputs` lists each format's files; a format it
+does not list is checked by every existing ``<stem>.*``).
 """
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
-from radio_lit.export.checkpoint import checkpoint_inference_model
-from radio_lit.export.files import save_radio, save_safetensors
+from radio_lit.export.files import refuse_overwrite, save_radio, save_safetensors
 from radio_lit.export.hf import export_hf
-from radio_lit.export.onnx import save_onnx
+from radio_lit.export.onnx import external_data, save_onnx
+from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm
+
+#: The files each ``--format`` writes, as suffixes of the output stem (``hf``: the folder).
+FORMAT_SUFFIXES = {
+    "radio": (".pth",),
+    "safetensors": (".safetensors", ".json"),
+    "onnx": (".onnx", ".onnx.data"),
+    "hf": ("",),
+    "timm": ("",),
+}
+
+
+def outputs(fmt: str, stem: Path) -> list[Path]:
+    """The paths ``--format fmt`` writes for the output ``stem``; for a format missing from
+    :data:`FORMAT_SUFFIXES`, whatever already bears the stem's name (``<stem>``, ``<stem>.*``)."""
+    if fmt in FORMAT_SUFFIXES:
+        return [stem.with_name(stem.name + suffix) for suffix in FORMAT_SUFFIXES[fmt]]
+    return [stem, *sorted(stem.parent.glob(glob.escape(stem.name) + ".*"))]
+
+
+def default_output(checkpoint: Path, fmt: str, ema: bool) -> Path:
+    """``<run>/export/<checkpoint name>``, ``-ema`` added for EMA weights and ``-hf`` for a
+    Hugging Face or timm folder, so that exports of other checkpoints or weights never meet."""
+    folder = {"hf": "-hf", "timm": "-timm"}.get(fmt, "")
+    name = checkpoint.stem + ("-ema" if ema else "") + folder
+    return checkpoint.parent.parent / "export" / name
 
 
 def main(argv: list[str]) -> None:
     parser = CommandParser(
         prog="radio-lit export",
-        description="Export a training checkpoint to NVlabs/RADIO's format, safetensors or ONNX.",
+        description="Export a training checkpoint to NVlabs/RADIO's format, safetensors, ONNX "
+        "or a Hugging Face folder (nothing is overwritten without --overwrite).",
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt written by radio-lit fit")
     parser.add_argument(
@@ -44,20 +78,22 @@ def main(argv: list[str]) -> None:
         "--output",
         type=Path,
         default=None,
-        help="output path without suffix (default: <run>/export/<checkpoint name>); the "
-        "folder for --format hf or timm (default: <run>/export/hf or timm)",
+        help="output path without suffix (default: <run>/export/<checkpoint name>, -ema "
+        "added with --ema); the folder for --format hf or timm (default: that path with -hf or "
+        "-timm added)",
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors", "onnx", "hf", "timm"],
+        choices=["both", "radio", "safetensors", "onnx", "hf"],
         default="both",
-        help="which files to write: both = radio and safetensors; hf = a Hugging Face model "
-        "folder with its model card; timm = the backbone as a folder that timm's C-RADIO "
-        "classes (timm.create_model('naflexvit_huge_patch16_radio_v4', pretrained=True, "
-        "pretrained_cfg_overlay=dict(file=...)), the exact call printed) and transformers' "
-        "RadioModel load; refused, naming the fix, for a student they cannot represent (a "
-        "final norm, one prefix token, ViTDet windows at inference, cpe_align_corners true, "
-        "other blocks, E-RADIO) (default: both)",
+        help="which files to write: radio = <stem>.pth; safetensors = <stem>.safetensors and "
+        "<stem>.json; both = radio and safetensors; onnx = <stem>.onnx and <stem>.onnx.data; "
+        "hf = a Hugging Face model folder with its model card; timm = the backbone as a "
+        "folder that timm's C-RADIO classes (timm.create_model('naflexvit_huge_patch16_radio_v4', "
+        "pretrained=True, pretrained_cfg_overlay=dict(file=...)), the exact call printed) and "
+        "transformers' RadioModel load; refused, naming the fix, for a student they cannot "
+        "represent (a final norm, one prefix token, ViTDet windows at inference, "
+        "cpe_align_corners true, other blocks, E-RADIO) (default: both)",
     )
     parser.add_argument(
         "--heads",
@@ -78,33 +114,42 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--ema",
         action="store_true",
-        help="export the EMA student and heads (runs with model.mesa) instead of the raw weights",
+        help="export the EMA student and heads (runs with model.mesa) instead of the raw "
+        "weights; the default output's name gets -ema",
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="--format hf: the model's name on its card (default: the run's name, -ema added "
+        "with --ema)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace output files that exist (default: refuse them)",
     )
     args = parser.parse_args(argv)
+    if args.name is not None and args.format != "hf":
+        parser.error("--name: only --format hf writes a model card to name")
+    stem = args.output or default_output(args.checkpoint, args.format, args.ema)
+    option = "--output" if args.output is not None else "checkpoint"
+    _check_folder(stem if args.format in ("hf", "timm") else stem.parent, option)
+    checkpoint_file(args.checkpoint, "checkpoint")
+    formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
+    if not args.overwrite:
+        refuse_overwrite([p for f in formats for p in outputs(f, stem)], parser.prog)
     if args.format == "hf":
-        folder = args.output or args.checkpoint.parent.parent / "export" / "hf"
-        _check_folder(folder, "--output" if args.output is not None else "checkpoint")
-        checkpoint_file(args.checkpoint, "checkpoint")
-        for path in export_hf(args.checkpoint, folder, args.config, args.heads):
+        for path in export_hf(args.checkpoint, stem, args.config, args.heads, args.ema, args.name):
             print(path)
         return
     if args.format == "timm":
-        folder = args.output or args.checkpoint.parent.parent / "export" / "timm"
-        _check_folder(folder, "--output" if args.output is not None else "checkpoint")
-        checkpoint_file(args.checkpoint, "checkpoint")
-        paths, calls = export_timm(args.checkpoint, folder, args.config, args.ema)
+        paths, calls = export_timm(args.checkpoint, stem, args.config, args.ema)
         print("\n".join([*map(str, paths), *calls]))
         return
-    stem = args.output
-    if stem is None:
-        stem = args.checkpoint.parent.parent / "export" / args.checkpoint.stem
-    _check_folder(stem.parent, "--output" if args.output is not None else "checkpoint")
-    checkpoint_file(args.checkpoint, "checkpoint")
-    formats = ["radio", "safetensors"] if args.format == "both" else [args.format]
     written = []
     with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
         bar.set_postfix_str("fold normalizers")
-        model = checkpoint_inference_model(args.checkpoint, args.config, args.ema)
+        model = exported_model(args.checkpoint, args.config, args.ema)
         bar.update()
         if "radio" in formats:
             bar.set_postfix_str("write .pth")
@@ -117,7 +162,8 @@ def main(argv: list[str]) -> None:
         if "onnx" in formats:
             bar.set_postfix_str("write .onnx")
             resolution = tuple(args.resolution) if args.resolution else None
-            written.append(save_onnx(model, stem.with_name(stem.name + ".onnx"), resolution))
+            graph = save_onnx(model, stem.with_name(stem.name + ".onnx"), resolution)
+            written += [graph, external_data(graph)]
             bar.update()
     for path in written:
         print(path)

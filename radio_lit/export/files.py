@@ -14,12 +14,14 @@ import json
 import os
 import re
 from argparse import Namespace
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from radio_lit.errors import ConfigError
 from radio_lit.export.convert import radio_incompatibilities
 from radio_lit.export.model import RadioLitModel, to_radio_keys
 
@@ -80,12 +82,17 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     path = Path(path)
     config_path = path.with_suffix(".json")
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} (the config of {path}) does not exist")
+        if path.name == WEIGHTS_NAME:  # a Hugging Face folder's weights: the folder loads
+            model_file(path.parent)  # no config.json there: says how to write it again
+            raise FileNotFoundError(
+                f"{path} is the weights file of a Hugging Face folder: give the folder "
+                f"{path.parent}"
+            )
+        raise FileNotFoundError(
+            f"{config_path} (the config of {path}) does not exist; radio-lit export writes both "
+            "(--format safetensors)"
+        )
     return json.loads(config_path.read_text()), load_file(str(path))
-
-
-#: Suffixes of the files :func:`load` reads.
-MODEL_SUFFIXES = (".safetensors", *RADIO_SUFFIXES, ".ckpt")
 
 
 def model_file(path: str | Path, option: str | None = None) -> Path:
@@ -101,19 +108,58 @@ def model_file(path: str | Path, option: str | None = None) -> Path:
     if not path.exists() and HUB_ID.fullmatch(str(path)):
         return path
     prefix = f"{option}: " if option else ""
+    if path.is_dir() and (path / WEIGHTS_NAME).is_file():  # a Hugging Face folder, incomplete
+        raise FileNotFoundError(
+            f"{prefix}{path} holds {WEIGHTS_NAME} but no {CONFIG_NAME}, which describes the "
+            "model: restore it, or export the folder again (radio-lit export CHECKPOINT "
+            f"--format hf --output {path} --overwrite)"
+        )
     if path.is_dir():
-        found = sorted(p.name for p in path.iterdir() if p.suffix in MODEL_SUFFIXES)
+        found = sorted(p.name for p in path.iterdir() if _loads_alone(p))
         inside = (
             "give one of its files: " + ", ".join(found)
             if found
-            else "it holds no .safetensors, .pth or .ckpt file and no config.json (radio-lit "
-            "export writes them)"
+            else "it holds no model radio-lit loads (a .safetensors with its .json, a .pth, a "
+            ".ckpt beside its run's config.yaml; radio-lit export writes them)"
         )
         raise FileNotFoundError(f"{prefix}{path} is a folder, not a model file; {inside}")
     raise FileNotFoundError(
         f"{prefix}{path} does not exist; give a .safetensors or .pth written by radio-lit "
         "export, a training .ckpt, or a folder from radio-lit export --format hf"
     )
+
+
+def _loads_alone(path: Path) -> bool:
+    """Whether :func:`load` reads the file ``path`` as it is: a ``.safetensors`` with its
+    ``.json``, a RADIO-format file, a ``.ckpt`` with its run's ``config.yaml`` where
+    ``radio-lit fit`` writes it."""
+    if not path.is_file():
+        return False
+    if path.suffix == ".safetensors":
+        return path.with_suffix(".json").is_file()
+    if path.suffix == ".ckpt":
+        return any((f / "config.yaml").is_file() for f in (path.parent, path.parent.parent))
+    return path.suffix in RADIO_SUFFIXES
+
+
+def refuse_overwrite(paths: Iterable[Path], prog: str) -> None:
+    """Refuse (:class:`~radio_lit.errors.ConfigError`, one line naming ``--overwrite``) to
+    write where something already is: an existing file among ``paths``, or a folder that is
+    not empty. Commands call it unless ``--overwrite`` was given."""
+    for path in paths:
+        if path.is_dir():
+            inside = sorted(p.name for p in path.iterdir())
+            if inside:
+                shown = ", ".join(inside[:4]) + (", ..." if len(inside) > 4 else "")
+                raise ConfigError(
+                    f"{prog}: {path} is not empty ({shown}); give --overwrite to write into it "
+                    "(files of the same names are replaced), or another --output"
+                )
+        elif path.exists() or path.is_symlink():
+            raise ConfigError(
+                f"{prog}: {path} already exists; give --overwrite to replace it, or another "
+                "--output"
+            )
 
 
 def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:

@@ -10,6 +10,11 @@ so does a ViT with ViTDet windows in eval mode: their graphs are fixed to the re
 The exported config (the safetensors export's JSON) is stored in the file's metadata under
 ``radio_lit_config``.
 
+Two files are written: ``<stem>.onnx`` (the graph) and ``<stem>.onnx.data`` (the weights, as
+ONNX external data: torch's exporter writes them beside the graph, which keeps a model over
+protobuf's 2 GB limit loadable). onnxruntime reads the ``.data`` file from the graph's folder:
+keep the two together.
+
 Written with ``torch.onnx.export(dynamo=True)`` (``torch.export`` + onnxscript; the TorchScript
 exporter is deprecated in torch 2.9 and later). Needs ``pip install 'radio-lit[onnx]'``.
 """
@@ -56,6 +61,12 @@ def output_names(model: RadioLitModel) -> list[str]:
     return names
 
 
+def external_data(path: str | Path) -> Path:
+    """The weights file beside the graph ``<stem>.onnx``: ``<stem>.onnx.data``."""
+    path = Path(path)
+    return path.with_name(path.name + ".data")
+
+
 def dynamic_resolution(model: RadioLitModel) -> bool:
     """Whether the graph can take any ``H, W`` (a CPE ViT without eval-mode ViTDet windows)."""
     extras = model.config["radio_lit"]
@@ -65,7 +76,8 @@ def dynamic_resolution(model: RadioLitModel) -> bool:
 def save_onnx(
     model: RadioLitModel, path: str | Path, resolution: tuple[int, int] | None = None
 ) -> Path:
-    """Write ``model`` as ONNX to ``path`` (``.onnx``).
+    """Write ``model`` as ONNX to ``path`` (``.onnx``) and its weights to
+    :func:`external_data` (``.onnx.data``); returns ``path``.
 
     Args:
         model: the exported model (:func:`radio_lit.load`, :func:`inference_model`).

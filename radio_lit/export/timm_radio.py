@@ -49,9 +49,9 @@ from timm.layers import DropPath, LayerScale
 from timm.models.vision_transformer import checkpoint_filter_fn
 from torch import Tensor, nn
 
-from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.files import CONFIG_NAME, WEIGHTS_NAME, save_umask_file
 from radio_lit.export.model import RadioBackbone, RadioLitModel
+from radio_lit.export.source import exported_model
 
 #: timm's C-RADIO classes that resize the CPE grid as RADIO's format does
 #: (``align_corners=False``) and have no LayerScale, in order of preference: C-RADIOv4-H
@@ -383,6 +383,8 @@ def save_timm(model: RadioLitModel, folder: str | Path) -> tuple[list[Path], lis
         "preferred_resolution": list(resolution),
         "teachers": [t["name"] for t in model.config["teachers"]],
     }
+    if "source" in model.config["radio_lit"]:  # the checkpoint, step and weights exported
+        config["radio_lit"]["source"] = model.config["radio_lit"]["source"]
     config_path = folder / CONFIG_NAME
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     lines = [
@@ -414,4 +416,4 @@ def export_timm(
     checkpoint: str | Path, folder: str | Path, config: str | Path | None = None, ema: bool = False
 ) -> tuple[list[Path], list[str]]:
     """:func:`save_timm` of a training checkpoint (its EMA weights with ``ema``)."""
-    return save_timm(checkpoint_inference_model(checkpoint, config, ema), folder)
+    return save_timm(exported_model(checkpoint, config, ema), folder)

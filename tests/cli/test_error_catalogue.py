@@ -224,7 +224,7 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "evaluate a folder as an exported model": (
         ["evaluate", "--model_path", "{tmp}"],
-        ["--model_path", "is a folder, not a model file", "corrupt.ckpt"],
+        ["--model_path", "is a folder, not a model file", "holds no model radio-lit loads"],
     ),
     "an overlay config alone": (
         ["fit", "--config", str(ROOT / "configs" / "quickstart-eradio.yaml")],

@@ -170,3 +170,30 @@ def test_bad_predict_arguments_get_one_line(run, tmp_path, capsys, args, message
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("radio-lit: error:") and message in err, err
+
+
+def test_a_non_empty_output_is_kept_until_overwrite(run, tmp_path, capsys):
+    """A second prediction into the same folder is refused in one line naming --overwrite,
+    the first's shards untouched; with it, the earlier shards go and the new manifest's stay."""
+    out = tmp_path / "features"
+    predict = ["predict", "--model_path", str(run["export"]), "--output", str(out)]
+    main([*predict, "--images", str(run["images"]), "--images_per_shard", "1"])
+    first = json.loads((out / "manifest.json").read_text())
+    assert len(first["shards"]) == 5
+    (out / "notes.txt").write_text("mine\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main([*predict, "--shards", str(run["shards"] / "00000.tar")])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error.startswith(f"radio-lit: error: radio-lit predict: {out} is not empty (")
+    assert "give --overwrite" in error
+    assert json.loads((out / "manifest.json").read_text()) == first
+    main([*predict, "--shards", str(run["shards"] / "00000.tar"), "--overwrite"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "notes.txt",
+        "shard-00000.safetensors",
+    ]
+    names, _ = read_predictions(out)
+    assert names == [f"00000.tar/{Path(n).stem}" for n in PHOTOS]

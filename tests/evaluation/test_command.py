@@ -9,7 +9,8 @@ import pytest
 import radio_lit
 from radio_lit.cli import main
 from radio_lit.evaluation import KNNClassification
-from radio_lit.evaluation.view import module_view
+from radio_lit.evaluation.command import _measures, _runnable
+from radio_lit.evaluation.view import ModelView, module_view
 from radio_lit.export import module_inference_model, save_safetensors
 from tests.builders import tiny_module
 from tests.evaluation.synthetic import MeanColor, dataset_root
@@ -75,3 +76,46 @@ def test_a_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
         main(["evaluate", "--ckpt_path", str(tmp_path / "last.ckpt")])
     assert stopped.value.code == 2
     assert "radio-lit: error: --ckpt_path: checkpoint" in capsys.readouterr().err
+
+
+def test_it_says_which_measures_run_and_why_any_is_skipped(tmp_path, capsys):
+    """An export carries no teachers: zero-shot and mode switching (given, or among the
+    defaults) are named as skipped with the option that adds them, the others run."""
+    module = tiny_module().eval()
+    exported, _ = save_safetensors(module_inference_model(module), tmp_path / "tiny.safetensors")
+    preset = tmp_path / "measures.yaml"
+    preset.write_text(
+        "trainer:\n  callbacks+:\n"
+        "    - class_path: radio_lit.evaluation.RankMe\n"
+        "      init_args: {crop_size: 32, per_class: 1}\n"
+        "    - class_path: radio_lit.evaluation.ZeroShotClassification\n"
+        "    - class_path: radio_lit.evaluation.ModeSwitching\n"
+    )
+    main(["evaluate", "--model_path", str(exported), "--config", str(preset)])
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() if line.startswith("radio-lit evaluate")]
+    assert said == [
+        "radio-lit evaluate: measures (the given --config): RankMe",
+        "radio-lit evaluate: skipped: ZeroShotClassification, ModeSwitching: they compare the "
+        "student with its teachers, and an exported model carries no teachers: give "
+        "--run_config RUN/config.yaml to build the run's",
+    ]
+    assert "eval/rankme/backbone/summary" in captured.out
+
+
+def test_the_defaults_are_seven_and_teacherless_ones_run_without_teachers(capsys):
+    measures, origin = _measures(None, [])
+    assert origin == "the defaults"
+    assert [type(m).__name__ for m in measures] == [
+        "KNNClassification",
+        "PCAFeatureImages",
+        "ScaleEquivariance",
+        "RankMe",
+        "TokenMerging",
+        "ZeroShotClassification",
+        "ModeSwitching",
+    ]
+    view = ModelView(module_inference_model(tiny_module().eval()), (32, 32), 16, {})
+    runs = _runnable(measures, view, origin)
+    assert [type(m).__name__ for m in runs] == [type(m).__name__ for m in measures[:5]]
+    assert "skipped: ZeroShotClassification, ModeSwitching" in capsys.readouterr().err

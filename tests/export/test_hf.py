@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from transformers import AutoImageProcessor, AutoModel
 
 import radio_lit
 from radio_lit.cli import main
+from radio_lit.data.image_folder import sample_images_dir
 from radio_lit.export import module_inference_model, save_hf
 from radio_lit.export.card import teacher_source
 from radio_lit.export.files import model_file
@@ -55,10 +57,12 @@ def _assert_same(a: dict, b: dict) -> None:
 def test_automodel_and_load_give_the_same_outputs(trained, hf_run) -> None:
     checkpoint, folder = hf_run
     assert sorted(p.name for p in folder.iterdir()) == [
+        "LICENSE.md",
         "README.md",
         "config.json",
         "model.safetensors",
         "preprocessor_config.json",
+        "radio_lit_auto.py",
     ]
     images = torch.rand(2, 3, 48, 80, generator=torch.Generator().manual_seed(3))
     auto = AutoModel.from_pretrained(folder).eval()
@@ -92,6 +96,52 @@ def test_automodel_loads_in_a_fresh_process_without_remote_code(hf_run) -> None:
     assert done.stdout.split("\n")[0] == "RadioLitHFModel ['backbone', 'clip', 'dino', 'sam']"
 
 
+def test_automodel_without_import_radio_lit_says_what_to_do_and_that_works(
+    hf_run, tmp_path: Path
+) -> None:
+    """Without ``import radio_lit``: not transformers' "update Transformers" (an unknown
+    model_type) but a request for ``trust_remote_code=True``, which then loads the model
+    through the folder's ``radio_lit_auto.py`` (radio-lit's own classes, imported)."""
+    _, folder = hf_run
+    script = (
+        "import sys, torch\n"
+        "from transformers import AutoModel\n"
+        "try:\n"
+        f"    AutoModel.from_pretrained({str(folder)!r})\n"
+        "except ValueError as error:\n"
+        "    print('refused:', ' '.join(str(error).split()))\n"
+        "assert 'radio_lit' not in sys.modules\n"
+        f"model = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
+        "out = model(torch.ones(1, 3, 32, 32))\n"
+        "print(type(model).__name__, sorted(out), float(out['dino'].features.sum()))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, loaded = done.stdout.strip().split("\n")[-2:]
+    assert "trust_remote_code=True" in refused and "upgrade" not in refused
+    name, rest = loaded.split(" ", 1)
+    assert name == "RadioLitHFModel" and "'backbone', 'clip', 'dino', 'sam'" in rest
+    with torch.no_grad():
+        expected = float(radio_lit.load(folder)(torch.ones(1, 3, 32, 32))["dino"].features.sum())
+    assert float(rest.rsplit(" ", 1)[1]) == pytest.approx(expected, rel=1e-5)
+    shim = (folder / "radio_lit_auto.py").read_text()
+    assert "import radio_lit" in shim and "pip install radio-lit" in shim
+
+
 def test_preprocessor_config_gives_the_model_its_input(hf_run) -> None:
     _, folder = hf_run
     processor = AutoImageProcessor.from_pretrained(folder)
@@ -111,21 +161,22 @@ def test_card_names_the_teachers_and_shows_the_run_metrics(hf_run) -> None:
     meta = yaml.safe_load(front)
     assert meta["library_name"] == "radio-lit"
     assert meta["pipeline_tag"] == "image-feature-extraction"
-    (result,) = meta["model-index"][0]["results"]  # eval/ scalars only, the last value
-    assert result["task"]["type"] == "image-segmentation"
-    assert result["metrics"][0]["value"] == 0.375
+    assert meta["license_link"] == "LICENSE.md" and (folder / "LICENSE.md").is_file()
+    assert "model-index" not in meta  # the checkpoint records no step: no result is its own
     for teacher in ("| clip | OpenCLIPTeacher |", "| dino | DINOv2Teacher |", "| sam |"):
         assert teacher in body
-    assert "| eval/segmentation/backbone/miou_64 | 0.375 | 100 |" in body
+    name = "linear-probe segmentation mIoU (%) at 64 px (backbone features)"
+    assert f"| {name} | 0.375 | 100 |" in body
     assert "step_2" not in card  # curve points are no final metric
-    assert "| val/fidelity_geomean | 1.5 | 100 |" in body and "train/loss" not in body
+    assert "| fidelity, geometric mean over the teachers | 1.5 | 101 |" in body
+    assert "train/loss" not in body
 
 
 def test_card_without_logged_metrics_says_not_evaluated(trained, tmp_path: Path) -> None:
     checkpoint = saved_run(trained, tmp_path / "version_0")
     main(["export", str(checkpoint), "--format", "hf", "--heads", "dino"])
-    folder = tmp_path / "version_0" / "export" / "hf"
-    assert "not evaluated" in (folder / "README.md").read_text()
+    folder = tmp_path / "version_0" / "export" / "last-hf"
+    assert "Not evaluated" in (folder / "README.md").read_text()
     model = radio_lit.load(folder)
     assert model.teacher_names == ["dino"]
     images = torch.rand(1, 3, 64, 64)
@@ -141,6 +192,34 @@ def test_an_unknown_head_is_one_line(trained, tmp_path: Path, capsys) -> None:
         main(["export", str(checkpoint), "--format", "hf", "--heads", "siglip"])
     assert stopped.value.code == 2
     assert "--heads: the model has no teacher 'siglip'" in capsys.readouterr().err
+
+
+def test_a_folder_without_config_json_gets_advice_that_works(trained, tmp_path: Path, capsys):
+    """``predict`` / ``evaluate`` on a Hugging Face folder that lost its config.json (or on
+    its weights file) say to export it again; doing so makes predict work."""
+    checkpoint = saved_run(trained, tmp_path / "version_0")
+    folder = tmp_path / "out"
+    main(["export", str(checkpoint), "--format", "hf", "--output", str(folder)])
+    (folder / "config.json").unlink()
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(sample_images_dir() / "coffee.jpg", images)
+    predict = ["predict", "--images", str(images), "--output", str(tmp_path / "features")]
+    advice = f"radio-lit export CHECKPOINT --format hf --output {folder} --overwrite"
+    for command in (
+        [*predict, "--model_path", str(folder)],
+        [*predict, "--model_path", str(folder / "model.safetensors")],
+        ["evaluate", "--model_path", str(folder)],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main(command)
+        assert stopped.value.code == 2, command
+        error = capsys.readouterr().err.splitlines()[0]
+        assert "but no config.json" in error and error.endswith(f"({advice})"), error
+    main(["export", str(checkpoint), "--format", "hf", "--output", str(folder), "--overwrite"])
+    main([*predict, "--model_path", str(folder)])
+    assert (tmp_path / "features" / "manifest.json").is_file()
 
 
 def test_load_takes_a_hub_id_from_the_hub_cache_offline(
@@ -213,7 +292,7 @@ def test_model_paths_take_the_folder_and_refuse_other_folders(
     umask = os.umask(0o022)
     os.umask(umask)
     assert mode == 0o666 & ~umask  # readable as torch.save's files are, not safetensors' 0600
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="holds no model radio-lit loads"):
         model_file(tmp_path, "--model_path")
     with pytest.raises(FileNotFoundError, match="no local path, and the Hub model"):
         radio_lit.load("nobody/nothing-here")

@@ -45,8 +45,10 @@ def test_export_onnx_subcommand_matches_radio_lit_load_at_two_resolutions(
 
     main(["export", str(checkpoint), "--format", "onnx"])
 
-    path = Path(capsys.readouterr().out.split()[-1])
-    assert path == run / "export" / "last.onnx"
+    printed = [Path(p) for p in capsys.readouterr().out.split()]
+    path = run / "export" / "last.onnx"
+    assert printed == [path, run / "export" / "last.onnx.data"]  # the graph and its weights
+    assert all(p.is_file() for p in printed)
     model = load(exported / "student.safetensors")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

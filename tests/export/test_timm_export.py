@@ -71,7 +71,7 @@ def c_radio_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported(c_radio_run: Path) -> tuple[Path, list[str]]:
     """The folder ``radio-lit export CKPT --format timm`` writes, and the lines it prints."""
-    out = c_radio_run.parent.parent / "export" / "timm"
+    out = c_radio_run.parent.parent / "export" / "last-timm"
     main(["export", str(c_radio_run), "--format", "timm"])
     assert (out / "config.json").is_file()
     return out, json.loads((out / "config.json").read_text())["radio_lit"]["calls"]
@@ -166,7 +166,7 @@ def test_ema_weights_are_what_timm_loads(c_radio_run: Path, tmp_path: Path) -> N
     torch.save(state, checkpoint)
     (run / "config.yaml").write_text((c_radio_run.parent.parent / "config.yaml").read_text())
     main(["export", str(checkpoint), "--format", "timm", "--ema"])
-    calls = json.loads((run / "export" / "timm" / "config.json").read_text())["radio_lit"]["calls"]
+    calls = json.loads((run / "export" / "last-ema-timm" / "config.json").read_text())["radio_lit"]["calls"]
     model = eval(calls["naflexvit"], {"timm": timm}).eval()
     images = torch.rand(1, 3, 64, 64)
     with torch.no_grad():

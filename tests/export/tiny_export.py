@@ -26,15 +26,27 @@ STUDENT = {
 TEACHERS = tiny_teacher_configs(sam_resolution=64)
 
 
-def saved_run(module: pl.LightningModule, folder: Path) -> Path:
-    """``module`` saved as a radio-lit fit run would leave it: ``folder/checkpoints/last.ckpt``
-    (returned) beside the run's ``config.yaml`` (PhiS normalizers, student at 64 px)."""
-    checkpoint = folder / "checkpoints" / "last.ckpt"
-    checkpoint.parent.mkdir(parents=True)
-    torch.save({"state_dict": module.state_dict()}, checkpoint)
+def saved_run(
+    module: pl.LightningModule,
+    folder: Path,
+    step: int | None = None,
+    name: str = "last.ckpt",
+    config: dict | None = None,
+) -> Path:
+    """``module`` saved as a radio-lit fit run would leave it: ``folder/checkpoints/<name>``
+    (returned; its ``global_step`` ``step`` if given) beside the run's ``config.yaml`` (PhiS
+    normalizers, student at 64 px; ``config``'s sections and ``model`` keys added)."""
+    checkpoint = folder / "checkpoints" / name
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    state = {"state_dict": module.state_dict()}
+    if step is not None:
+        state["global_step"] = step
+    torch.save(state, checkpoint)
+    extra = dict(config or {})
     model = {"student": STUDENT, "teachers": TEACHERS, "student_resolution": 64}
     model["normalizer"] = {"class_path": "radio_lit.normalizers.PhiS"}
-    (folder / "config.yaml").write_text(yaml.safe_dump({"model": model}))
+    model.update(extra.pop("model", {}))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": model, **extra}))
     return checkpoint
 
 
