@@ -13,8 +13,8 @@ hf`` writes the folder ``--output``: a Hugging Face model with its card
 its name; ``--format timm`` writes the folder ``--output`` that timm's C-RADIO classes and
 transformers' native ``RadioModel`` load, and prints the calls
 (:mod:`radio_lit.export.timm_radio`). The default stem is ``<run>/export/<checkpoint name>``
-(``-ema`` added with ``--ema``; ``-hf`` or ``-timm`` added for the folders). Every export records its source (checkpoint,
-step, raw or EMA weights: :mod:`radio_lit.export.source`).
+(``-ema`` added with ``--ema``; ``-hf`` or ``-timm`` added for the folders). Every export
+records its source (checkpoint, step, raw or EMA weights: :mod:`radio_lit.export.source`).
 
 Nothing is overwritten unasked: an output file that exists, or a non-empty folder, is refused
 in one line naming ``--overwrite`` (:func:`outputs` lists each format's files; a format it
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["both", "radio", "safetensors", "onnx", "hf"],
+        choices=["both", "radio", "safetensors", "onnx", "hf", "timm"],
         default="both",
         help="which files to write: radio = <stem>.pth; safetensors = <stem>.safetensors and "
         "<stem>.json; both = radio and safetensors; onnx = <stem>.onnx and <stem>.onnx.data; "

@@ -45,13 +45,14 @@ def checkpoint(trained, tmp_path: Path) -> Path:
 def test_every_format_refuses_what_exists_and_keeps_it(checkpoint: Path, capsys) -> None:
     """A format added later is covered too: its files, or anything named after the stem."""
     offered = formats(capsys, checkpoint)
-    assert {"both", "radio", "safetensors", "onnx", "hf"} <= set(offered)
+    assert {"both", "radio", "safetensors", "onnx", "hf", "timm"} <= set(offered)
     for fmt in offered:
         stem = checkpoint.parent.parent / "kept" / fmt
         parts = ["radio", "safetensors"] if fmt == "both" else [fmt]
         known = [p for f in parts if f in FORMAT_SUFFIXES for p in outputs(f, stem)]
         existing = known or [stem.with_name(stem.name + ".bin")]
-        target = existing[-1] / "README.md" if fmt == "hf" else existing[-1]
+        folder = FORMAT_SUFFIXES.get(fmt) == ("",)  # hf, timm: a folder
+        target = existing[-1] / "README.md" if folder else existing[-1]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text("edited by hand\n")
         message = refused(capsys, str(checkpoint), "--format", fmt, "--output", str(stem))

@@ -166,7 +166,9 @@ def test_ema_weights_are_what_timm_loads(c_radio_run: Path, tmp_path: Path) -> N
     torch.save(state, checkpoint)
     (run / "config.yaml").write_text((c_radio_run.parent.parent / "config.yaml").read_text())
     main(["export", str(checkpoint), "--format", "timm", "--ema"])
-    calls = json.loads((run / "export" / "last-ema-timm" / "config.json").read_text())["radio_lit"]["calls"]
+    config = json.loads((run / "export" / "last-ema-timm" / "config.json").read_text())
+    assert config["radio_lit"]["source"]["weights"] == "ema"
+    calls = config["radio_lit"]["calls"]
     model = eval(calls["naflexvit"], {"timm": timm}).eval()
     images = torch.rand(1, 3, 64, 64)
     with torch.no_grad():

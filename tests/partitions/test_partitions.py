@@ -153,7 +153,9 @@ def test_ranks_that_do_not_fit_the_partitions_are_a_config_error():
 
     from lightning.pytorch.strategies import DDPStrategy
 
-    module = tiny_module(partitions={"a": Partition(["clip", "dino"], 5), "b": Partition(["sam"], 2)})
+    module = tiny_module(
+        partitions={"a": Partition(["clip", "dino"], 5), "b": Partition(["sam"], 2)}
+    )
     module._trainer = SimpleNamespace(world_size=4, global_rank=0, strategy=DDPStrategy())
     with pytest.raises(ConfigError, match="batch_size=5 does not split over its 2 of 4 ranks"):
         module.setup("fit")
