@@ -53,6 +53,7 @@ from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_for_training
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
+from radio_lit.teachers.speed import SpeedReport
 
 NormalizerFactory = Callable[[int], Normalizer]
 
@@ -227,6 +228,10 @@ class DistillationModule(pl.LightningModule):
                 ema_heads = self.ema.heads.values()
                 shard_for_training(self.ema.student, ema_heads, nn.Module(), mesh, bf16, settings)
         compile_models([self.student, *self.teachers.values()], self.compile_option)
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """Teachers' compile times and FP8 layers, reported (radio_lit.teachers.speed)."""
+        return [SpeedReport()]
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""
