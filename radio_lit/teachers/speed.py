@@ -295,8 +295,11 @@ class EncoderRunner:
             self.compiled.name = value
 
     def compile(self, option: CompileOption) -> None:
-        """Compile ``encode`` with static shapes (``torch.compile`` arguments ``option``)."""
-        self.compiled = CompiledCall(self.encode, option, self._label)
+        """Compile ``encode`` with static shapes (``torch.compile`` arguments ``option``); the
+        same option again (a second ``fit``'s ``configure_model``) keeps what was compiled."""
+        compiled = CompiledCall(self.encode, option, self._label)
+        if self.compiled is None or self.compiled.kwargs != compiled.kwargs:
+            self.compiled = compiled
 
     def __call__(self, view: Tensor) -> Any:
         """``encode(view)`` with the options (``view [B, 3, H, W]`` in the teacher's dtype)."""
