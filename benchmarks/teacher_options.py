@@ -167,10 +167,11 @@ def _sync(device: torch.device) -> None:
 def measure(
     option: str, run: Callable[[], Any], reference: Any, args: argparse.Namespace, device: Any
 ) -> tuple[Row, Any]:
-    """``run()`` once (compiles), ``--warmup`` more, ``--iters`` timed; one profiled."""
+    """``run()`` once (its outputs are compared), ``--warmup`` more (at least one), ``--iters``
+    timed; one profiled."""
     row = Row(option)
     out = run()
-    for _ in range(args.warmup):
+    for _ in range(max(1, args.warmup)):  # the second call compiles after an attention check
         run()
     times = []
     for _ in range(args.iters):
