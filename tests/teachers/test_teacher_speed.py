@@ -16,11 +16,13 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from radio_lit.errors import ConfigError
 from radio_lit.partitions import Partition
+from radio_lit.teachers import SAM2Teacher
 from radio_lit.teachers import speed as speed_module
 from radio_lit.teachers.speed import SDPACalls, TeacherSpeed, attention_backend
 from tests.builders import cpu_trainer, tiny_module
 from tests.teachers.conftest import TINY_BUILDERS
 from tests.teachers.tiny import (
+    TINY_SAM2_CONFIG,
     tiny_clip_teacher,
     tiny_dinov2_teacher,
     tiny_hf_dinov2_teacher,
@@ -39,7 +41,14 @@ SDPA_CALLS = {
     "sam": 2,
     "dinov3_timm": 2,
     "siglip_hf": 2,
+    "sam2_hf": 5,  # Hiera: 1 + 1 + 2 + 1 blocks, all run (stage 2's output is taken)
     "sam3_hf": 2,
+}
+FAMILIES = {
+    **TINY_BUILDERS,
+    "sam2_hf": lambda: SAM2Teacher(
+        "sam2_vision_model", pretrained=False, model_kwargs=TINY_SAM2_CONFIG, resolution=64
+    ),
 }
 
 
@@ -207,7 +216,6 @@ def test_fp8_targets_stay_close_to_bfloat16_on_a_capable_gpu():
     if speed_module.fp8_refusal() is not None:
         pytest.skip(f"FP8 teachers cannot run here: {speed_module.fp8_refusal()}")
     from benchmarks.teacher_options import fidelity, sample_crops
-
     from radio_lit.teachers import TimmTeacher
 
     crops = sample_crops(224, count=8).cuda()
@@ -226,13 +234,13 @@ def test_fp8_targets_stay_close_to_bfloat16_on_a_capable_gpu():
 # -- attention through SDPA ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", sorted(TINY_BUILDERS))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_family_attends_through_sdpa(family):
     """Every transformer block of each family calls F.scaled_dot_product_attention (so a
     backend chosen with speed.attention reaches it), the math backend giving the default
     backend's outputs."""
     torch.manual_seed(0)
-    teacher = TINY_BUILDERS[family]()
+    teacher = FAMILIES[family]()
     crop = _crop()
     want = teacher(crop)
     with attention_backend("math"), SDPACalls() as calls:
