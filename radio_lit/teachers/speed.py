@@ -353,7 +353,9 @@ class SpeedReport(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         teachers = getattr(pl_module, "teachers", {})
-        self.runners = {n: t.speed_runner for n, t in teachers.items() if t.speed_runner}
+        self.runners = {
+            n: t.speed_runner for n, t in teachers.items() if getattr(t, "speed_runner", None)
+        }
         for name, runner in self.runners.items():
             runner.label = f"model.teachers.{name}"
             if runner.fp8_layers is not None:
