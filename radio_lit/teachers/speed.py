@@ -30,7 +30,7 @@ import importlib.util
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -310,7 +310,7 @@ class EncoderRunner:
             if self.speed.attention is not None:  # eager, checked; compiled from the next
                 return checked_attention(self._label, self.encode, view, self.speed.attention)
         call = self.compiled or self.encode
-        with attention_backend(self.speed.attention) if self.speed.attention else nullcontext():
+        with attention_backend(self.speed.attention):
             out = call(view)
         if self.compiled is not None and self.compiled.cuda_graphs:
             # the graphs' pool is reused by the next replay: the outputs leave it now
