@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from radio_lit.hf import register_on_import
@@ -11,6 +12,13 @@ __version__ = "0.1.0"
 
 # transformers' AutoConfig / AutoModel load `radio-lit export --format hf` folders (lazily).
 register_on_import()
+
+# transformers imports torchao (the `fp8` extra) wherever it is installed; torchao registers
+# enums with pytree that this torch supports natively, and torch logs one deprecation line per
+# enum at import, on every radio-lit command. Nothing a user can act on: dropped.
+logging.getLogger("torch.utils._pytree").addFilter(
+    lambda record: "is an Enum subclass and is now natively supported" not in record.getMessage()
+)
 
 
 def __getattr__(name: str) -> Any:

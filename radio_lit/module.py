@@ -33,6 +33,7 @@ from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_module
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
+from radio_lit.teachers.speed import SpeedReport
 
 NormalizerFactory = Callable[[int], Normalizer]
 Size = tuple[int, int] | None  # a student resolution (H, W); None: model.student_resolution
@@ -175,6 +176,10 @@ class DistillationModule(pl.LightningModule):
             parts = self.student, self.heads, self.balancer, self.ema
             shard_module(*parts, mesh, precision, self.fsdp2)
         compile_models([self.student, *self.teachers.values()], self.compile_option)
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """Teachers' compile times and FP8 layers, reported (radio_lit.teachers.speed)."""
+        return [SpeedReport()]
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """Named parameters of the student, heads and balancer (teachers are never optimized)."""

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from torch import Tensor
 
 from radio_lit.teachers.loading import TeacherDtype, cast
+from radio_lit.teachers.speed import TeacherSpeed
 from radio_lit.teachers.timm_teacher import build_timm, timm_layout, timm_tokens
 from radio_lit.teachers.tokens import TokenTeacher
 from radio_lit.teachers.transformers_teacher import (
@@ -50,6 +51,7 @@ class TwoBackendTeacher(TokenTeacher):
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         name = type(self).__name__
         for fragment, other in self.wrong_family:
@@ -86,7 +88,7 @@ class TwoBackendTeacher(TokenTeacher):
         super().__init__(layout, follow_student)
         self.backend = backend
         self.model = net
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         if self.backend == "timm":

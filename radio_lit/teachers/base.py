@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from radio_lit.data.views import teacher_view
+from radio_lit.teachers.speed import EncoderRunner, TeacherSpeed
 
 # Lightning's summary of a fit counts modules in eval mode: teachers are, by design (train).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -68,6 +69,9 @@ class Teacher(nn.Module):
     live: ClassVar[bool] = True
     #: Whether convolution weights and views are held channels-last (:meth:`freeze`).
     channels_last: bool = False
+    #: How :meth:`run_encoder` calls :meth:`encode` with the teacher's speed options
+    #: (:mod:`radio_lit.teachers.speed`); ``None``: plainly.
+    speed_runner: EncoderRunner | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -125,7 +129,7 @@ class Teacher(nn.Module):
         return False
 
     # -- frozen behaviour -------------------------------------------------------------------
-    def freeze(self, channels_last: bool = False) -> None:
+    def freeze(self, channels_last: bool = False, speed: TeacherSpeed | None = None) -> None:
         """Drop gradients and switch to eval; called by subclasses once weights are loaded.
 
         ``channels_last`` also stores the 4-D weights (convolutions: patch embeddings, conv
@@ -133,12 +137,37 @@ class Teacher(nn.Module):
         values), and :meth:`forward` hands the encoder channels-last views: cuDNN's and
         oneDNN's convolutions then run on NHWC directly (no layout transposes around each
         convolution) and write NHWC outputs, whose ``[B, h, w, C]`` token view needs no copy.
+
+        ``speed`` applies the teacher's speed options to its encoder ``self.model``
+        (:class:`~radio_lit.teachers.speed.TeacherSpeed`: FP8 now, compilation at the first
+        call, the attention backend at every call; README "Teacher speed options").
         """
         self.requires_grad_(False)
         super().train(False)
         if channels_last:
             self.to(memory_format=torch.channels_last)
             self.channels_last = True
+        if speed is not None:
+            self.speed_runner = EncoderRunner(
+                self.encode, getattr(self, "model", self), speed, type(self).__name__
+            )
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``model.compile`` (:func:`radio_lit.compiling.compile_models`): ``torch.compile`` of
+        the encoder call (not the view) with static shapes unless ``dynamic`` is given, as
+        ``speed.compile`` does; a teacher's own ``speed.compile`` (``false`` included) wins."""
+        if self.speed_runner is None:
+            self.speed_runner = EncoderRunner(
+                self.encode, self, TeacherSpeed(), type(self).__name__
+            )
+        if self.speed_runner.speed.compile is None:
+            self.speed_runner.compile(dict(kwargs) or True)
+
+    def run_encoder(self, view: Tensor) -> TeacherOutput:
+        """:meth:`encode` with the teacher's speed options (``speed``; :meth:`freeze`)."""
+        if self.speed_runner is None:
+            return self.encode(view)
+        return self.speed_runner(view)
 
     def train(self, mode: bool = True) -> Teacher:
         """Teachers stay in eval mode whatever the parent module asks."""
@@ -179,8 +208,8 @@ class Teacher(nn.Module):
             view = view.contiguous(memory_format=torch.channels_last)
         weight = next(self.parameters(), None)
         if weight is None or weight.dtype in (torch.float32, torch.float64):
-            return self.encode(view)
-        out = self.encode(view.to(weight.dtype))
+            return self.run_encoder(view)
+        out = self.run_encoder(view.to(weight.dtype))
         summary = None if out.summary is None else out.summary.float()
         return TeacherOutput(summary=summary, features=out.features.float())
 

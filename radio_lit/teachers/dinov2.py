@@ -49,6 +49,8 @@ class DINOv2Teacher(TwoBackendTeacher):
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     model_types = ("dinov2", "dinov2_with_registers")

@@ -178,4 +178,4 @@ class FixedPatternTeacher(Teacher):
 
     def encode(self, view: Tensor) -> TeacherOutput:
         """Normalized view ``[B, 3, R, R]`` -> the wrapped teacher's output plus the pattern."""
-        return self._with_pattern(self.teacher.encode(view))
+        return self._with_pattern(self.teacher.run_encoder(view))

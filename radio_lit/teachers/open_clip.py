@@ -30,6 +30,7 @@ from radio_lit.teachers.loading import (
     download_errors,
     materialize,
 )
+from radio_lit.teachers.speed import TeacherSpeed
 
 
 class OpenCLIPTeacher(Teacher):
@@ -75,6 +76,8 @@ class OpenCLIPTeacher(Teacher):
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class OpenCLIPTeacher(Teacher):
         keep_text: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         model, embed_dim = _create_clip(model_name, pretrained, model_cfg, resolution, keep_text)
         visual = model.visual
@@ -106,7 +110,7 @@ class OpenCLIPTeacher(Teacher):
         self.clip = model if keep_text else None
         self._feature_dim = width
         self._summary_dim = embed_dim
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     @property
     def feature_dim(self) -> int:

@@ -309,6 +309,6 @@ class RescaledTeacher(Teacher):
 
     def encode(self, view: Tensor) -> TeacherOutput:
         """``[B, 3, R, R]`` -> the inner summary, features ``[B, H, W, dim]`` rescaled."""
-        out = self.teacher.encode(view)
+        out = self.teacher.run_encoder(view)
         features = out.features.float() @ self.weight.T + self.bias
         return TeacherOutput(summary=out.summary, features=features)

@@ -28,6 +28,7 @@ from radio_lit.teachers.loading import (
     read_state_dict,
 )
 from radio_lit.teachers.sam_attention import use_sdpa
+from radio_lit.teachers.speed import TeacherSpeed
 
 #: SAM's pixel normalization (``Sam.pixel_mean`` / ``pixel_std``) on the 0-1 scale.
 SAM_MEAN = (123.675 / 255, 116.28 / 255, 103.53 / 255)
@@ -72,6 +73,8 @@ class SAMTeacher(CanvasTeacher):
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class SAMTeacher(CanvasTeacher):
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         if checkpoint is not None:
             encoder = build_on_meta(lambda: _build_encoder(model_type, encoder_kwargs))
@@ -108,7 +112,7 @@ class SAMTeacher(CanvasTeacher):
         use_sdpa(encoder)  # relative positions as SDPA's additive mask: the same outputs
         self.model = cast(encoder, dtype)
         self._feature_dim = encoder.patch_embed.proj.out_channels
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     @property
     def feature_dim(self) -> int:

@@ -26,6 +26,7 @@ from transformers import (
 
 from radio_lit.teachers.canvas import CanvasTeacher
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
+from radio_lit.teachers.speed import TeacherSpeed
 from radio_lit.teachers.transformers_teacher import (
     LOCAL_HINT,
     PIXEL_STATS,
@@ -101,6 +102,8 @@ class SAM2Teacher(_HFCanvasTeacher):
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     full_model = Sam2Model
@@ -118,6 +121,7 @@ class SAM2Teacher(_HFCanvasTeacher):
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         encoder = self._load(model, pretrained, dict(model_kwargs or {}), dtype)
         hiera = encoder.config.backbone_config
@@ -133,7 +137,7 @@ class SAM2Teacher(_HFCanvasTeacher):
         self.level = level
         self.model = encoder.backbone  # the neck is not run
         self._feature_dim = hiera.embed_dim_per_stage[level]
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     @property
     def feature_dim(self) -> int:
@@ -169,6 +173,8 @@ class SAM3Teacher(_HFCanvasTeacher):
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     full_model = Sam3Model
@@ -185,6 +191,7 @@ class SAM3Teacher(_HFCanvasTeacher):
         mosaic: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         encoder = self._load(model, pretrained, dict(model_kwargs or {}), dtype)
         vit = encoder.config.backbone_config
@@ -193,7 +200,7 @@ class SAM3Teacher(_HFCanvasTeacher):
         super().__init__(resolution or canvas, canvas, patch, mean, std, follow_student, mosaic)
         self.model = encoder.backbone  # the FPN neck is not run
         self._feature_dim = vit.hidden_size
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     @property
     def feature_dim(self) -> int:

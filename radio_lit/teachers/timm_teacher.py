@@ -20,6 +20,7 @@ from radio_lit.teachers.loading import (
     download_errors,
     read_state_dict,
 )
+from radio_lit.teachers.speed import TeacherSpeed
 from radio_lit.teachers.tokens import SummarySource, TokenLayout, TokenTeacher, default_summary
 
 
@@ -59,6 +60,8 @@ class TimmTeacher(TokenTeacher):
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class TimmTeacher(TokenTeacher):
         std: tuple[float, float, float] | None = None,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         kwargs = dict(model_kwargs or {})
         if follow_student:
@@ -82,7 +86,7 @@ class TimmTeacher(TokenTeacher):
         net = build_timm(name, model, pretrained, checkpoint, resolution, kwargs)
         super().__init__(timm_layout(name, net, model, summary, mean, std), follow_student)
         self.model = cast(net, dtype)
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         return timm_tokens(self.model, view, self.summary_source)

@@ -32,6 +32,7 @@ from transformers.image_processing_utils import ImageProcessingMixin
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
+from radio_lit.teachers.speed import TeacherSpeed
 from radio_lit.teachers.tokens import SummarySource, TokenLayout, TokenTeacher
 
 #: The vision model to run for a config's model type (a full CLIP-like checkpoint holds the
@@ -120,6 +121,8 @@ class TransformersTeacher(TokenTeacher):
         dtype: teacher precision (``bfloat16``...); outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class TransformersTeacher(TokenTeacher):
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         name = type(self).__name__
         net, config = build_transformers(
@@ -144,7 +148,7 @@ class TransformersTeacher(TokenTeacher):
         super().__init__(layout, follow_student)
         self.model = net
         self._native = square_side(config.image_size)
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
 
     def tokens(self, view: Tensor) -> tuple[Tensor, Tensor | None]:
         return transformers_tokens(self.model, view, self._native)
