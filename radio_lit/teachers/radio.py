@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from radio_lit.teachers._errors import require_file
 from radio_lit.teachers.base import Teacher, TeacherOutput
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors
+from radio_lit.teachers.speed import TeacherSpeed
 
 
 class RADIOTeacher(Teacher):
@@ -81,6 +82,8 @@ class RADIOTeacher(Teacher):
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
             (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+        speed: compile, FP8 and attention-backend options of the encoder
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class RADIOTeacher(Teacher):
         trust_remote_code: bool = False,
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
+        speed: TeacherSpeed | None = None,
     ) -> None:
         net, patch, preferred = _load(model, loader, backend, adaptor, hub_repo, trust_remote_code)
         resolution = resolution or preferred
@@ -107,7 +111,7 @@ class RADIOTeacher(Teacher):
         #: transformers' native RadioModel: one output, RadioModelOutput(summary, features).
         self.native = loader == "transformers" and backend == "native"
         self.use_summary = _use_summary(net, model, loader, adaptor, summary)
-        self.freeze(channels_last)
+        self.freeze(channels_last, speed)
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
         if summary and probe.summary is None:
             raise ValueError(
