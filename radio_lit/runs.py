@@ -97,15 +97,16 @@ def prepare_fit(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
 
 class RunFolderState:
     """What a run folder held before a command wrote into it, to put back when the command
-    stops on a user error or on a stop signal before training (:meth:`restore`): a failed
-    ``radio-lit fit --ckpt_path`` into a run leaves that run as it was, and a new run leaves no
-    folder. Valid on the rank that creates the folder (rank 0)."""
+    stops on a user error or on a stop signal before it wrote a checkpoint (:meth:`restore`):
+    a failed ``radio-lit fit --ckpt_path`` into a run leaves that run as it was, and a new run
+    leaves no folder. Valid on the rank that creates the folder (rank 0)."""
 
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
         self.existed = folder is not None and folder.is_dir()
         self.files: dict[Path, bytes | None] = {}
         self.folders: set[Path] = set()
+        self.checkpoints = _checkpoints(folder)
         if folder is not None and self.existed:
             self.folders = {path for path in folder.rglob("*") if path.is_dir()}
             for path in _written_files(folder):
@@ -113,16 +114,15 @@ class RunFolderState:
                 self.files[path] = path.read_bytes() if small else None
 
     def restore(self) -> None:
-        """Remove a folder this command created, unless it holds a checkpoint; in a folder
-        that existed, remove the files this command added (its TensorBoard event file, whose
-        ``purge_step`` would hide the run's later steps) and put back the run's ``config.yaml``
-        (and ``hparams.yaml``) as they were. Checkpoints are never removed."""
+        """Unless the command wrote a checkpoint (then it trained: everything is kept), remove
+        a folder it created; in a folder that existed, remove the files it added (its
+        TensorBoard event file, whose ``purge_step`` would hide the run's later steps) and put
+        back the run's ``config.yaml`` (and ``hparams.yaml``) as they were."""
         folder = self.folder
-        if folder is None or not folder.is_dir():
+        if folder is None or not folder.is_dir() or _checkpoints(folder) != self.checkpoints:
             return
         if not self.existed:
-            if not any(folder.rglob("*.ckpt")):
-                shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
             return
         for path in _written_files(folder):
             if path not in self.files:
@@ -134,6 +134,14 @@ class RunFolderState:
         for path in sorted(added, reverse=True):  # the deepest first
             if not any(path.iterdir()):
                 path.rmdir()
+
+
+def _checkpoints(folder: Path | None) -> dict[Path, float]:
+    """The checkpoints (``.ckpt`` files and sharded folders) under ``folder`` and when each
+    was last written."""
+    if folder is None or not folder.is_dir():
+        return {}
+    return {path: path.stat().st_mtime for path in folder.rglob("*.ckpt")}
 
 
 def _written_files(folder: Path) -> list[Path]:
