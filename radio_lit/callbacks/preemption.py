@@ -15,8 +15,9 @@ so it resumes exactly as that callback's checkpoints do), the step's logs are wr
 run stops before the next batch with :class:`~radio_lit.errors.Preempted`. Under SLURM, rank 0
 first requeues the job (``scontrol requeue``); the requeued job resumes from the newest
 checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C interrupts at once.
-Once a resumed run has written a checkpoint of a later step, the ``last-preempted.ckpt`` it
-resumed from is removed (rank 0), so that the folder's newest checkpoint is the run's last.
+Once a resumed run has written a checkpoint of a later step (a whole training state: Lightning
+calls ``on_save_checkpoint`` for no weights-only one), the ``last-preempted.ckpt`` it resumed
+from is removed (rank 0), so that the folder's newest checkpoint is the run's last.
 
 The handler is the process's :data:`radio_lit.cluster.STOP`: ``radio-lit fit`` takes the
 signals before it builds anything (a signal then stops the build at once, nothing to save),

@@ -290,8 +290,8 @@ def _bad_input(name: str, scratch: Path, env: dict[str, str]) -> BadInput:
     ``scratch`` (``{tmp}``) as its working directory."""
     (scratch / "empty").mkdir(parents=True)
     (scratch / "corrupt").mkdir()
-    for name in ("a.jpg", "b.jpg"):
-        (scratch / "corrupt" / name).write_bytes(os.urandom(2048))
+    for image in ("a.jpg", "b.jpg"):
+        (scratch / "corrupt" / image).write_bytes(os.urandom(2048))
     (scratch / "corrupt.ckpt").write_bytes(os.urandom(2048))
     argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
     start = time.monotonic()
