@@ -139,6 +139,7 @@ def _help_text(argv: list[str]) -> str:
     return printed.getvalue()
 
 
+@pytest.mark.slow
 def test_every_export_format_and_its_files_are_in_the_readme(exports):
     """Each ``--format`` is named (``--format hf`` or in a ``--format a|b|c`` list) and no
     other; each file an export wrote is named: ``last<suffix>`` or ``<stem><suffix>`` beside a

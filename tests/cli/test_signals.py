@@ -64,6 +64,7 @@ def stopped(tmp_path_factory):
     return {name: (folder, run.wait(deadline)) for name, (folder, run) in runs.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIGNALS))
 def test_a_signal_while_the_models_are_built_stops_in_one_line(stopped, name):
     """Was: Ctrl-C printed a 74-line ``KeyboardInterrupt`` traceback (exit 1)."""
