@@ -11,7 +11,7 @@ normalizer. Teachers, datamodules, losses, normalizers and the optimizer are all
 from __future__ import annotations
 
 import importlib
-import shutil
+import platform
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -23,15 +23,18 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch import __version__ as pl_version
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from radio_lit import __version__
 from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
-from radio_lit.cluster import check_allocation, under_slurm
+from radio_lit.cluster import STOP, check_allocation, stop_building, under_slurm
 from radio_lit.command_list import overview
 from radio_lit.errors import (
+    BuildInterrupted,
     ConfigError,
     Preempted,
     RadioLitError,
@@ -46,7 +49,8 @@ from radio_lit.errors import (
 from radio_lit.hub import HubProbe, unreachable_download
 from radio_lit.module import DistillationModule
 from radio_lit.overlays import overlay_error
-from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit
+from radio_lit.results import evaluation_results, results_table
+from radio_lit.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.strategies import check_strategy
 
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
@@ -166,27 +170,34 @@ class RadioLitCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run ``subcommand``; a user error stopping it removes the run folder it created
-        (when no checkpoint was written there), so that no empty ``version_N`` is left. A
-        ``fit`` goes on in the folder of the run it resumes (:func:`radio_lit.runs.prepare_fit`)."""
+        """Run ``subcommand``. A user error, or a stop signal before training, leaves the run
+        folder as it found it (:class:`~radio_lit.runs.RunFolderState`): no new ``version_N``,
+        and a run that ``--ckpt_path`` failed to resume keeps its files and ``config.yaml``. A
+        ``fit`` goes on in the folder of the run it resumes (:func:`radio_lit.runs.prepare_fit`),
+        without Lightning's warning that its checkpoint folder is not empty."""
+        ckpt_path = self.config_init[subcommand].get("ckpt_path")
         if subcommand == "fit":
-            section = self.config_init[subcommand]
-            section["ckpt_path"] = prepare_fit(self.trainer, section.get("ckpt_path"))
+            ckpt_path = prepare_fit(self.trainer, ckpt_path)
+            self.config_init[subcommand]["ckpt_path"] = ckpt_path
         name_run(self.trainer, subcommand, self.command_line)
-        run_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
-        existed = run_dir is not None and run_dir.exists()
+        before = RunFolderState(Path(self.trainer.log_dir) if self.trainer.log_dir else None)
         try:
-            super()._run_subcommand(subcommand)
-        except RadioLitError as error:
-            orphan = (
-                run_dir is not None
-                and not existed
-                and run_dir.is_dir()
-                and error.exit_code == ConfigError.exit_code
-                and self.trainer.is_global_zero
+            with warnings.catch_warnings():
+                if ckpt_path is not None:  # the resumed run's own checkpoints are there
+                    warnings.filterwarnings("ignore", message="Checkpoint directory .* not empty")
+                try:
+                    super()._run_subcommand(subcommand)
+                except RuntimeError as error:  # Lightning loading a checkpoint that does not fit
+                    known = checkpoint_mismatch(error, ckpt_path)
+                    if known is None:
+                        raise
+                    raise known from error
+        except (RadioLitError, BuildInterrupted) as error:
+            user_stop = error.exit_code == ConfigError.exit_code or isinstance(
+                error, BuildInterrupted
             )
-            if orphan and not any(run_dir.rglob("*.ckpt")):
-                shutil.rmtree(run_dir, ignore_errors=True)
+            if user_stop and self.trainer.is_global_zero:
+                before.restore()
             raise
 
     def _require_val_dir(self, command: str) -> None:
@@ -207,12 +218,15 @@ class RadioLitCLI(LightningCLI):
         self._require_val_dir("test")
 
     def after_fit(self) -> None:
-        """Say where the run and its last checkpoint are."""
+        """Print the last validation and evaluation results (:mod:`radio_lit.results`) and
+        say where the run and its last checkpoint are."""
         trainer = self.trainer
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
         if not trainer.is_global_zero or trainer.interrupted:
             return
-        lines = [f"run folder: {log_dir}"]
+        table = results_table(evaluation_results(trainer), trainer.global_step)
+        lines = [table, ""] if table else []
+        lines.append(f"run folder: {log_dir}")
         callback = trainer.checkpoint_callback
         if callback is not None:
             path = getattr(callback, "last_model_path", "") or callback.best_model_path
@@ -306,7 +320,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     one message and exit with status 2; a run stopped by a training fault exits with 1;
     ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors). ``radio-lit --help``
     lists every command (:mod:`radio_lit.command_list`); a bare ``radio-lit`` lists them
-    and exits with status 2.
+    and exits with status 2; ``radio-lit --version`` prints the version. ``fit`` takes the
+    stop signals first (:data:`radio_lit.cluster.STOP`): one while the run is built stops it
+    in one line with 128 + the signal (and requeues a SLURM job); once training is set up,
+    :class:`~radio_lit.callbacks.Preemption` saves at the next step boundary.
     """
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch releases deprecate.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -317,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         sys.stderr.write(overview(SUBCOMMANDS) + "\n")
         sys.exit(ConfigError.exit_code)
+    if args[0] == "--version":
+        print(version())
+        return
+    installed = STOP.install(raising=True) if args[0] == "fit" else False
     try:
         if args and args[0] in SUBCOMMANDS:
             module, function = SUBCOMMANDS[args[0]].split(":")
@@ -332,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except MisconfigurationException as error:  # Lightning: callbacks and trainer disagree
             raise ConfigError(f"trainer: {short_message(error)}") from error
         except RuntimeError as error:
-            known = checkpoint_mismatch(error) or _lost_rank(error)
+            known = _lost_rank(error)
             if known is None:
                 raise
             raise known from error
@@ -342,6 +363,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
+    except BuildInterrupted as stop:
+        sys.exit(stop_building(stop.signum))
+    finally:
+        if installed:
+            STOP.uninstall()
+
+
+def version() -> str:
+    """``radio-lit --version``: radio-lit's version and those of what it runs on."""
+    return (
+        f"radio-lit {__version__} (torch {torch.__version__}, lightning {pl_version}, "
+        f"Python {platform.python_version()})"
+    )
 
 
 def _lost_rank(error: RuntimeError) -> RadioLitError | None:

@@ -4,8 +4,13 @@ Lightning picks its cluster environment from the same variables
 (:class:`~lightning.fabric.plugins.environments.SLURMEnvironment`,
 :class:`~lightning.fabric.plugins.environments.TorchElasticEnvironment`); this module adds what
 radio-lit needs beside it: the allocation's process count, checked against the config before
-any teacher is built (:func:`check_allocation`), the job's id, and requeueing it
-(:func:`requeue`).
+any teacher is built (:func:`check_allocation`), the job's id, requeueing it (:func:`requeue`),
+and the process's stop signals (:data:`STOP`): from the start of ``radio-lit fit`` a signal
+stops the build at once (:class:`~radio_lit.errors.BuildInterrupted`, :func:`stop_building`);
+once training is set up, :class:`~radio_lit.callbacks.Preemption` acts on it at a step boundary.
+
+This module imports nothing heavy (no torch, no Lightning at import), so that ``radio-lit``
+takes the signals before the seconds of imports (:mod:`radio_lit.__main__`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping
+from types import FrameType
 from typing import Any
 
-from lightning.fabric.plugins.environments import TorchElasticEnvironment
-
-from radio_lit.errors import ConfigError
+from radio_lit.errors import BuildInterrupted, ConfigError
 
 #: The signals that stop a run: SLURM's warning, the scheduler's (or ``kill``'s) end, Ctrl-C.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
@@ -56,6 +61,8 @@ def requeue(job_id: str) -> str | None:
         return str(error)
     if done.returncode == 0:
         return None
+    if "pending execution" in done.stderr:  # another rank of this running job requeued it
+        return None
     lines = (done.stderr or done.stdout).strip().splitlines()
     return lines[-1] if lines else f"scontrol exited {done.returncode}"
 
@@ -64,6 +71,8 @@ def allocated_processes() -> tuple[int, str] | None:
     """``(number of processes, where it comes from)`` that the scheduler started for this
     run: SLURM's ``SLURM_NTASKS`` or torchrun's ``WORLD_SIZE``; None when started by hand
     (Lightning then launches the processes itself)."""
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
     if under_slurm():
         return int(os.environ["SLURM_NTASKS"]), "SLURM_NTASKS"
     if TorchElasticEnvironment.detect():
@@ -129,3 +138,100 @@ def worker_ignores_stop_signals(worker_id: int) -> None:
 def _default_sigterm_from_now_on(signum: int, frame: object) -> None:
     """A worker's first ``SIGTERM``: ignored, and the next one gets the default (death)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class StopSignals:
+    """Where this process's stop signals (:data:`STOP_SIGNALS`) go; one per process: :data:`STOP`.
+
+    While ``raising`` (``radio-lit fit`` building its run: imports, teachers, student, data,
+    trainer), the first signal raises :class:`~radio_lit.errors.BuildInterrupted` from the
+    handler, as Ctrl-C raises ``KeyboardInterrupt``, so that a build of minutes (a 7B
+    teacher) stops at once: nothing was trained, nothing needs saving. Otherwise the handler
+    only records the signal (:attr:`received`), and :class:`~radio_lit.callbacks.Preemption`
+    acts on it at the next step boundary, where every rank can take part in a save. After a
+    first Ctrl-C, a second one gets the handler that was there before (it interrupts at once).
+    """
+
+    def __init__(self) -> None:
+        self.received = 0  #: the last stop signal received (0: none)
+        self.raising = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self, raising: bool) -> bool:
+        """Take the stop signals (again, from whoever took them since) and set :attr:`raising`;
+        whether this call installed the handler (False: it was already installed, and whoever
+        installed it uninstalls it)."""
+        self.raising = raising
+        if self._previous:
+            self.take_back()
+            return False
+        self.received = 0
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def take_back(self) -> None:
+        """Take the signals back from handlers registered since :meth:`install` (Lightning
+        registers its own when training starts); a Ctrl-C already received leaves SIGINT to
+        the handler that interrupts at once."""
+        for signum in STOP_SIGNALS:
+            if not (signum == signal.SIGINT and self.received == signal.SIGINT):
+                signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers they had before :meth:`install`."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+        self.raising = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+            signal.signal(signum, self._previous.get(signum, signal.default_int_handler))
+        if self.raising:
+            self.raising = False  # raised once: the stop that follows is not interrupted
+            raise BuildInterrupted(signum)
+
+
+#: This process's stop signals.
+STOP = StopSignals()
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher numbered it (SLURM's ``SLURM_PROCID``,
+    torchrun's ``RANK``, Lightning's ``LOCAL_RANK`` for the processes it starts); 0 when
+    started alone. Known before the ranks have a process group."""
+    if under_slurm():
+        return int(os.environ.get("SLURM_PROCID", "0") or 0)
+    for variable in ("RANK", "LOCAL_RANK"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
+
+
+def stop_building(signum: int) -> int:
+    """After a stop signal ended the build of a run (:class:`~radio_lit.errors.BuildInterrupted`):
+    under SLURM requeue the job (every rank that received the signal asks; nothing to save:
+    the requeued job starts from its run folder's newest checkpoint, if any); rank 0 says so
+    in one line. Returns the exit status, 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
+    """
+    name = signal.Signals(signum).name
+    line = (
+        f"radio-lit: {name} received while the run was being built (before its first step): "
+        "nothing was trained or saved"
+    )
+    job = slurm_job_id()
+    if job is None:
+        line += "; run the same command again to start it"
+    else:
+        refused = requeue(job)
+        line += (
+            f"; SLURM job {job} requeued: it starts again in its run folder (from the newest "
+            "checkpoint there, if any)"
+            if refused is None
+            else f"; SLURM did not requeue job {job}: {refused}"
+        )
+    if launch_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+    return 128 + signum

@@ -59,6 +59,21 @@ class Preempted(RadioLitError):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
+class BuildInterrupted(BaseException):
+    """A stop signal (Ctrl-C, ``SIGTERM``, SLURM's ``USR1``) that arrived while ``radio-lit
+    fit`` was still building its run, raised from the signal handler
+    (:class:`radio_lit.cluster.StopSignals`) so that a build of minutes stops at once: nothing
+    was trained, nothing needs saving (:func:`radio_lit.cluster.stop_building` requeues a
+    SLURM job). A ``BaseException``, as ``KeyboardInterrupt`` is, so that code that turns a
+    constructor's ``Exception`` into a :class:`ConfigError` lets it through. The exit code is
+    the shell's for the signal, 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} while the run was built")
+
+
 def config_error(error: BaseException, config: Mapping[str, Any] | None) -> ConfigError:
     """``error`` raised while building the configured classes, as a :class:`ConfigError`.
 
@@ -232,16 +247,34 @@ def _class_entries(node: Any, prefix: str) -> Iterator[tuple[str, str, dict[str,
 _STATE_DICT_MISMATCH = "Error(s) in loading state_dict"
 
 
-def checkpoint_mismatch(error: BaseException) -> ConfigError | None:
+def checkpoint_mismatch(
+    error: BaseException, ckpt_path: str | os.PathLike[str] | None = None
+) -> ConfigError | None:
     """A checkpoint that does not fit the configured model (``--ckpt_path``), from torch's
-    ``load_state_dict`` error, as one line with its first reason; ``None`` for other errors."""
+    ``load_state_dict`` error, as one line with its first reason (a list of keys shortened to
+    three and their count); ``None`` for other errors. The advice names the ``config.yaml``
+    of the run that wrote ``ckpt_path`` when it is beside its ``checkpoints/`` folder."""
     lines = str(error).splitlines()
     if not isinstance(error, RuntimeError) or not lines[0].startswith(_STATE_DICT_MISMATCH):
         return None
     reason = next((line.strip() for line in lines[1:] if line.strip()), "")
+    keys = re.match(r"([^:]+: )((?:\"[^\"]*\"(?:, )?)+)\.?$", reason)
+    if keys is not None:
+        names = re.findall(r'"([^"]*)"', keys.group(2))
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} keys)" if len(names) > 3 else "")
+        reason = keys.group(1) + shown
+    advice = "resume with the config of the run that wrote it"
+    folder = Path(ckpt_path).parent if ckpt_path else None
+    if (
+        folder is not None
+        and folder.name == "checkpoints"
+        and (folder.parent / "config.yaml").is_file()
+    ):
+        advice += (
+            f": radio-lit fit --config {folder.parent / 'config.yaml'} --ckpt_path {ckpt_path}"
+        )
     return ConfigError(
-        f"--ckpt_path: the checkpoint does not fit the configured model: {reason[:400]} "
-        "(resume with the config of the run that wrote it)"
+        f"--ckpt_path: the checkpoint does not fit the configured model: {reason[:400]} ({advice})"
     )
 
 

@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
-import torch
 import yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from radio_lit.callbacks.preemption import checkpoint_dir
+from radio_lit.callbacks.preemption import checkpoint_dir, checkpoint_step
 from radio_lit.cluster import slurm_job_id
 from radio_lit.errors import ConfigError
 
@@ -51,14 +50,6 @@ def _folder_logger(trainer: pl.Trainer) -> TensorBoardLogger | CSVLogger | None:
     return None
 
 
-def _checkpoint_step(path: Path) -> int:
-    """The ``global_step`` a checkpoint file was written at (read lazily: no tensor is loaded)."""
-    if path.is_dir():  # a sharded checkpoint: the step is in Lightning's meta.pt
-        path = path / "meta.pt"
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(state.get("global_step", 0))
-
-
 def continue_run(trainer: pl.Trainer, ckpt_path: str | os.PathLike[str]) -> bool:
     """Point the logger at the run folder that holds ``ckpt_path``, when that folder is one of
     this logger's runs (``<save_dir>/<name>/<version>/checkpoints/``); whether it did."""
@@ -72,7 +63,7 @@ def continue_run(trainer: pl.Trainer, ckpt_path: str | os.PathLike[str]) -> bool
         return False
     logger._version = run_dir.name
     if isinstance(logger, TensorBoardLogger):
-        logger._kwargs.setdefault("purge_step", _checkpoint_step(path))
+        logger._kwargs.setdefault("purge_step", checkpoint_step(path))
     return True
 
 
@@ -99,9 +90,68 @@ def prepare_fit(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
         newest = newest_checkpoint(trainer)
         if newest is not None:
             if isinstance(logger, TensorBoardLogger):
-                logger._kwargs.setdefault("purge_step", _checkpoint_step(newest))
+                logger._kwargs.setdefault("purge_step", checkpoint_step(newest))
             return str(newest)
     return ckpt_path
+
+
+class RunFolderState:
+    """What a run folder held before a command wrote into it, to put back when the command
+    stops on a user error or on a stop signal before it wrote a checkpoint (:meth:`restore`):
+    a failed ``radio-lit fit --ckpt_path`` into a run leaves that run as it was, and a new run
+    leaves no folder. Valid on the rank that creates the folder (rank 0)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.existed = folder is not None and folder.is_dir()
+        self.files: dict[Path, bytes | None] = {}
+        self.folders: set[Path] = set()
+        self.checkpoints = _checkpoints(folder)
+        if folder is not None and self.existed:
+            self.folders = {path for path in folder.rglob("*") if path.is_dir()}
+            for path in _written_files(folder):
+                small = path.parent == folder and path.suffix in (".yaml", ".yml", ".json")
+                self.files[path] = path.read_bytes() if small else None
+
+    def restore(self) -> None:
+        """Unless the command wrote a checkpoint (then it trained: everything is kept), remove
+        a folder it created; in a folder that existed, remove the files it added (its
+        TensorBoard event file, whose ``purge_step`` would hide the run's later steps) and put
+        back the run's ``config.yaml`` (and ``hparams.yaml``) as they were."""
+        folder = self.folder
+        if folder is None or not folder.is_dir() or _checkpoints(folder) != self.checkpoints:
+            return
+        if not self.existed:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        for path in _written_files(folder):
+            if path not in self.files:
+                path.unlink(missing_ok=True)
+        for path, content in self.files.items():
+            if content is not None and (not path.is_file() or path.read_bytes() != content):
+                path.write_bytes(content)
+        added = {path for path in folder.rglob("*") if path.is_dir()} - self.folders
+        for path in sorted(added, reverse=True):  # the deepest first
+            if not any(path.iterdir()):
+                path.rmdir()
+
+
+def _checkpoints(folder: Path | None) -> dict[Path, float]:
+    """The checkpoints (``.ckpt`` files and sharded folders) under ``folder`` and when each
+    was last written."""
+    if folder is None or not folder.is_dir():
+        return {}
+    return {path: path.stat().st_mtime for path in folder.rglob("*.ckpt")}
+
+
+def _written_files(folder: Path) -> list[Path]:
+    """The files under ``folder`` other than checkpoints (a ``.ckpt`` file or sharded folder)."""
+    return [
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.endswith(".ckpt") for part in path.relative_to(folder).parts)
+    ]
 
 
 #: ``[choice]`` a checkpoint holds the trainable weights and, per weight, about two optimizer

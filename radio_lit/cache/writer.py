@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import shutil
 import sys
 import warnings
@@ -145,6 +146,26 @@ def main(argv: Sequence[str]) -> None:
         ranks=ranks,
         samples=samples,
     )
+    others = " once every process has written its shards" if args.num_shards > 1 else ""
+    print(f"radio-lit cache: {args.out} written; train from it{others} with:", flush=True)
+    print(shlex.join(fit_command(args.config, overrides, args.out)), flush=True)
+
+
+def fit_command(configs: Sequence[str], overrides: Sequence[str], out: Path) -> list[str]:
+    """The ``radio-lit fit`` that trains from the cache ``out`` of the run ``configs`` +
+    ``overrides``: the same configs and overrides but the ``--data…`` ones (the data is the
+    cache's), and ``data: radio_lit.cache.CachedViews`` at ``out``."""
+    kept: list[str] = []
+    items = list(overrides)
+    while items:
+        option = items.pop(0)
+        value = (
+            [items.pop(0)] if "=" not in option and items and not items[0].startswith("--") else []
+        )
+        if not (option == "--data" or option.startswith(("--data.", "--data="))):
+            kept += [option, *value]
+    data = ["--data", "radio_lit.cache.CachedViews", "--data.path", str(out)]
+    return ["radio-lit", "fit", *(a for c in configs for a in ("--config", c)), *kept, *data]
 
 
 def _build_run(args: list[str]) -> Any:

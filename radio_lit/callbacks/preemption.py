@@ -15,7 +15,13 @@ so it resumes exactly as that callback's checkpoints do), the step's logs are wr
 run stops before the next batch with :class:`~radio_lit.errors.Preempted`. Under SLURM, rank 0
 first requeues the job (``scontrol requeue``); the requeued job resumes from the newest
 checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C interrupts at once.
+Once a resumed run has written a checkpoint of a later step (a whole training state: Lightning
+calls ``on_save_checkpoint`` for no weights-only one), the ``last-preempted.ckpt`` it resumed
+from is removed (rank 0), so that the folder's newest checkpoint is the run's last.
 
+The handler is the process's :data:`radio_lit.cluster.STOP`: ``radio-lit fit`` takes the
+signals before it builds anything (a signal then stops the build at once, nothing to save),
+and this callback switches it to recording when training is set up (:meth:`Preemption.setup`).
 ``radio-lit fit`` adds this callback itself and turns Lightning's SLURM signal handling off
 (``SLURMEnvironment(auto_requeue=False)``).
 """
@@ -23,10 +29,10 @@ checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C inter
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
@@ -34,7 +40,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.distributed import ReduceOp
 
-from radio_lit.cluster import STOP_SIGNALS, requeue, slurm_job_id
+from radio_lit.cluster import STOP, requeue, slurm_job_id
 from radio_lit.errors import Preempted
 
 #: File name of the checkpoint written on a stop signal (Lightning's ``ckpt_path="last"``
@@ -59,6 +65,14 @@ def checkpoint_dir(trainer: pl.Trainer) -> Path:
     return Path(trainer.default_root_dir, "checkpoints")
 
 
+def checkpoint_step(path: Path) -> int:
+    """The ``global_step`` a checkpoint file was written at (read lazily: no tensor is loaded)."""
+    if path.is_dir():  # a sharded checkpoint: the step is in Lightning's meta.pt
+        path = path / "meta.pt"
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return int(state.get("global_step", 0))
+
+
 class Preemption(Callback):
     """Stop all ranks at one step boundary on SIGUSR1, SIGTERM or SIGINT; save; requeue.
 
@@ -74,45 +88,58 @@ class Preemption(Callback):
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
-        self.received = 0  # the last stop signal this process received (0: none)
         self.stopping = 0  # the signal all ranks agreed to stop on (0: none)
         self.checkpoint: Path | None = None
         #: the command line that started the run (``radio-lit fit`` sets it), for the message
         self.command: list[str] | None = None
         self._batches = 0
-        self._previous: dict[int, Any] = {}
+        self._installed = False  # whether this callback installed the handler (not radio-lit fit)
+        self._stale: tuple[Path, int] | None = None  # a preemption checkpoint and its step
+        self._saved_step = -1  # the step of the last checkpoint written since
 
     # -- signal handling: record only ------------------------------------------------------
-
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
-        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
-            signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.SIG_DFL))
-
-    def _install(self) -> None:
-        for signum in STOP_SIGNALS:
-            previous = signal.signal(signum, self._record)
-            if previous is not self._record:
-                self._previous.setdefault(signum, previous)
-
-    def _uninstall(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Record signals from here on (one that arrives while the run is set up is acted on
         after the first step)."""
         if stage == "fit":
-            self._install()
+            self._installed = STOP.install(raising=False)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Take the signals back from the handlers Lightning registered when training started
-        (its SIGTERM handler broadcasts from inside the handler)."""
-        self._install()
+        (its SIGTERM handler broadcasts from inside the handler); note a preemption checkpoint
+        of an earlier step in the run's folder (the one a resumed run started from)."""
+        STOP.take_back()
+        path = checkpoint_dir(trainer) / CHECKPOINT_NAME
+        if trainer.is_global_zero and path.exists():
+            self._stale = (path, checkpoint_step(path))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._uninstall()
+        if self._installed:
+            STOP.uninstall()
+            self._installed = False
+
+    # -- a resumed run's preemption checkpoint ----------------------------------------------
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._saved_step = trainer.global_step
+
+    def _drop_stale(self) -> None:
+        """Remove the preemption checkpoint the run resumed from once a checkpoint of a later
+        step is written (its save has returned: called before the next batch, and at the end)."""
+        if self._stale is None or self._saved_step <= self._stale[1]:
+            return
+        path = self._stale[0]
+        self._stale = None
+        if path.is_dir():  # a sharded checkpoint
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._drop_stale()
 
     # -- at step boundaries ----------------------------------------------------------------
 
@@ -128,11 +155,13 @@ class Preemption(Callback):
         self._batches += 1
         if self.stopping or self._batches % self.check_every_n_steps:
             return
-        self.stopping = agreed_signal(trainer, self.received)
+        self.stopping = agreed_signal(trainer, STOP.received)
         if not self.stopping:
             return
         self.checkpoint = checkpoint_dir(trainer) / CHECKPOINT_NAME
-        trainer.save_checkpoint(self.checkpoint)  # a collective save: every rank calls it
+        self._stale = None  # written again now
+        # a collective save: every rank calls it; the whole training state, as ModelCheckpoint
+        trainer.save_checkpoint(self.checkpoint, weights_only=False)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -141,6 +170,7 @@ class Preemption(Callback):
         under SLURM rank 0 requeues the job; rank 0 says where the run is and how it goes on;
         then every rank raises :class:`~radio_lit.errors.Preempted` together (a rank that
         exited early would make ``srun --kill-on-bad-exit`` end rank 0 mid-requeue)."""
+        self._drop_stale()
         if not self.stopping or self.checkpoint is None:
             return
         run_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part

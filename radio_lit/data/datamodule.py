@@ -24,7 +24,12 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 
 from radio_lit.cluster import worker_ignores_stop_signals
-from radio_lit.data.image_folder import ImageFolderDataset, list_images
+from radio_lit.data.image_folder import (
+    ImageFolderDataset,
+    check_decodable,
+    list_images,
+    resolve_image_root,
+)
 from radio_lit.data.resumable import ResumableDataLoader, SeededItems, SeededSampler
 from radio_lit.data.shards import ImageShards, existing_shard_urls
 from radio_lit.data.synthetic import SyntheticImages
@@ -298,8 +303,11 @@ class SyntheticDataModule(ImageDataModule):
 
 
 def _check_image_folder(root: str, option: str) -> None:
-    """Fail at construction, naming ``data.init_args.<option>``, if ``root`` has no image."""
+    """Fail at construction, naming ``data.init_args.<option>``, if ``root`` has no image or
+    none that decodes (before any run folder is made, not at the first batch)."""
     try:
-        list_images(root)
+        check_decodable(list_images(root), resolve_image_root(root))
     except FileNotFoundError as error:
         raise FileNotFoundError(f"data.init_args.{option}: {error}") from error
+    except ValueError as error:
+        raise ValueError(f"data.init_args.{option}: {error}") from error

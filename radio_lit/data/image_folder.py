@@ -23,6 +23,7 @@ from radio_lit.data.transforms import (
     IMAGE_EXTENSIONS,
     ImageTransform,
     UnreadableImageError,
+    load_rgb,
     read_crop,
 )
 
@@ -77,6 +78,24 @@ def list_images(root: str | os.PathLike[str]) -> list[Path]:
             "(any letter case), searched recursively"
         )
     return [root / rel for rel in sorted(relative, key=lambda rel: Path(rel).as_posix())]
+
+
+def check_decodable(paths: list[Path], root: Path) -> None:
+    """Raise ``ValueError`` if none of ``paths`` (the images of ``root``) decodes, naming the
+    first one and why; decodes until the first readable image (JPEGs at a reduced scale), so
+    a healthy folder costs one small decode."""
+    first: UnreadableImageError | None = None
+    for path in paths:
+        try:
+            load_rgb(path, before_decoding=lambda image: image.draft("RGB", (64, 64)))
+            return
+        except UnreadableImageError as error:
+            first = first or error
+    reason = f"{first.__cause__}" if first is not None and first.__cause__ else "unreadable"
+    raise ValueError(
+        f"none of the {len(paths)} image files in {root} can be decoded (e.g. {paths[0]}: "
+        f"{reason}); give a folder of readable images"
+    )
 
 
 class ImageFolderDataset(Dataset[Tensor]):

@@ -77,6 +77,7 @@ class Evaluation(Callback):
             )
         self.every_n_steps = every_n_steps
         self._last_step: int | None = None
+        self.last_report: Report | None = None  #: what the last run measured (``fit`` prints it)
 
     def evaluate(self, view: ModelView) -> Report:
         """Run the measure on ``view`` (every rank calls it; the report is the same on all)."""
@@ -129,6 +130,7 @@ class Evaluation(Callback):
         with torch.random.fork_rng(devices=devices), evaluation_mode(module), torch.no_grad():
             report = self.evaluate(module_view(module))
         self._last_step = trainer.global_step
+        self.last_report = report
         if trainer.is_global_zero:
             write_report(trainer.loggers, report, trainer.global_step)
         return report

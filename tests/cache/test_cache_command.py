@@ -4,7 +4,10 @@ shard, a cache of another config, a full disk) that loses nothing already writte
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shlex
 import shutil
 from collections import namedtuple
 from pathlib import Path
@@ -85,13 +88,17 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A run config and its cache: 10 images x 2 views in 5 shards of 4 samples."""
+    """A run config and its cache: 10 images x 2 views in 5 shards of 4 samples; the
+    ``radio-lit fit`` command that the cache command printed last is in ``cache/printed``."""
     root = tmp_path_factory.mktemp("cache")
     config = _config(root)
-    main(
-        ["cache", "--config", str(config), "--out", str(root / "cache")]
-        + ["--views", "2", "--samples-per-shard", "4"]
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(
+            ["cache", "--config", str(config), "--out", str(root / "cache")]
+            + ["--views", "2", "--samples-per-shard", "4", "--data.init_args.num_workers", "0"]
+        )
+    (root / "printed").write_text(printed.getvalue().splitlines()[-1])
     return config, root / "cache"
 
 
@@ -153,16 +160,17 @@ class RecordRun(Callback):
 def test_fit_from_cache_is_the_live_run_without_its_teachers(
     tmp_path: Path, written: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The cached run is the command ``radio-lit cache`` printed (was: none printed)."""
     config, cache = written
+    printed = shlex.split((cache.parent / "printed").read_text())
+    assert printed[:2] == ["radio-lit", "fit"] and printed[-2:] == ["--data.path", str(cache)]
     runs = {}
-    for name, data in (("live", []), ("cached", ["--data", "radio_lit.cache.CachedViews"])):
+    for name, command in (("live", ["fit", "--config", str(config)]), ("cached", printed[1:])):
         record = {
             "class_path": f"{__name__}.RecordRun",
             "init_args": {"path": str(tmp_path / name)},
         }
-        argv = ["fit", "--config", str(config), *data, "--trainer.callbacks+", json.dumps(record)]
-        if data:
-            argv += ["--data.path", str(cache)]
+        argv = [*command, "--trainer.callbacks+", json.dumps(record)]
         assert _run(argv, capsys) == (0, "")
         runs[name] = json.loads((tmp_path / name).read_text())
     live, cached = runs["live"], runs["cached"]

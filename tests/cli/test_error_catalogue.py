@@ -32,7 +32,8 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 FIT = ["fit", "--config", QUICKSTART]
 
 #: name -> (command line, texts the message must contain). ``{tmp}`` is a scratch folder
-#: holding ``empty/`` (no images) and ``corrupt.ckpt`` (random bytes); ``FIT`` is
+#: holding ``empty/`` (no images), ``corrupt/`` (two .jpg files of random bytes) and
+#: ``corrupt.ckpt`` (random bytes); ``FIT`` is
 #: ``fit --config configs/quickstart.yaml``.
 CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "wrong class path": (
@@ -240,6 +241,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ],
         ["model.teachers.dino", "has no class token", "summary: pooled"],
     ),
+    "a training folder whose every image is corrupt (was: a traceback, exit 1, a run folder)": (
+        [*FIT, "--data.init_args.train_dir", "{tmp}/corrupt"],
+        ["data.init_args.train_dir", "none of the 2 image files", "can be decoded", "readable"],
+    ),
     "predict from a missing checkpoint": (
         ["predict", "--ckpt_path", "{tmp}/nope.ckpt", "--images", "{tmp}", "--output", "{tmp}/o"],
         ["--ckpt_path", "does not exist"],
@@ -284,6 +289,9 @@ def _bad_input(name: str, scratch: Path, env: dict[str, str]) -> BadInput:
     """Catalogue entry ``name`` in a fork of the tests' fork server, in the scratch folder
     ``scratch`` (``{tmp}``) as its working directory."""
     (scratch / "empty").mkdir(parents=True)
+    (scratch / "corrupt").mkdir()
+    for image in ("a.jpg", "b.jpg"):
+        (scratch / "corrupt" / image).write_bytes(os.urandom(2048))
     (scratch / "corrupt.ckpt").write_bytes(os.urandom(2048))
     argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
     start = time.monotonic()

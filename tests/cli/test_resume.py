@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -206,6 +207,50 @@ def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupte
 
 
 @pytest.mark.slow
+def test_a_checkpoint_of_another_model_leaves_every_run_folder_as_it_was(
+    uninterrupted_dir, tmp_path
+):
+    """``--ckpt_path`` with a checkpoint the configured student cannot load (2 blocks, not 4),
+    through the real CLI, refused in one line (exit 2) that names the command with the
+    checkpoint's own run config; a new run leaves no folder (was: an empty ``version_N`` with
+    config.yaml, events, checkpoints/), and the run it would have continued keeps its files
+    and its config.yaml (was: the refused config written over it, and an event file whose
+    ``purge_step`` hides the run's later steps in TensorBoard)."""
+    last = uninterrupted_dir / "checkpoints" / "last.ckpt"
+    run = tmp_path / "continued" / "quickstart" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(last, run / "checkpoints" / "last.ckpt")
+    (run / "config.yaml").write_text("# the run's own config\n")
+    (run / "events.out.tfevents.1.host.1.0").write_bytes(b"events")
+    files = sorted(run.rglob("*"))
+    smaller = ["--model.student.init_args.model_kwargs", "{depth: 2, embed_dim: 96, num_heads: 3}"]
+    cases = {"new": last, "continued": run / "checkpoints" / "last.ckpt"}
+    started = {
+        case: forking.start(
+            "radio_lit.cli:main",
+            [
+                ["fit", "--config", QUICKSTART, *smaller, "--ckpt_path", str(checkpoint)]
+                + ["--trainer.logger.init_args.save_dir", str(tmp_path / case)]
+            ],
+            tmp_path / f"{case}-out",
+        )
+        for case, checkpoint in cases.items()
+    }
+    for case, forked in started.items():
+        outcome = forked.wait(time.monotonic() + 600)
+        assert outcome.exitcode == 2, outcome.stderr[-3000:]
+        assert "Traceback" not in outcome.stderr
+        (line,) = [x for x in outcome.stderr.splitlines() if x.startswith("radio-lit: error:")]
+        assert "--ckpt_path: the checkpoint does not fit the configured model" in line
+        config = cases[case].parent.parent / "config.yaml"
+        assert config.is_file()
+        assert f"radio-lit fit --config {config} --ckpt_path {cases[case]})" in line
+    assert not (tmp_path / "new").exists() or not list((tmp_path / "new").rglob("version_*"))
+    assert sorted(run.rglob("*")) == files
+    assert (run / "config.yaml").read_text() == "# the run's own config\n"
+
+
+@pytest.mark.slow
 def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     uninterrupted, tmp_path
 ):
@@ -213,8 +258,13 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     epoch, sent to the run and its two DataLoader workers at once, as SLURM signals every
     process of a job step on preemption: the run saves after that step (the next run starts
     a new epoch), names its folder and the command that resumes, and exits 143 (so that
-    ``fit && next`` stops); the printed command ends as the uninterrupted run does."""
+    ``fit && next`` stops), without Lightning's "``weights_only`` was not set" note; the
+    printed command ends as the uninterrupted run does, without a warning that its checkpoint
+    folder is not empty, and drops ``last-preempted.ckpt`` once it has saved past it."""
     config = yaml.safe_load(write_config(tmp_path).read_text())
+    for callback in config["trainer"]["callbacks"]:  # Lightning warns of a full folder then
+        if callback["class_path"].endswith("ModelCheckpoint"):
+            callback["init_args"]["save_top_k"] = 1
     config["trainer"]["callbacks"].append(
         {
             "class_path": "tests.cluster.signals.SignalAt",
@@ -227,6 +277,7 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     )
     assert stopped.exitcode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
     assert "Traceback" not in stopped.stderr
+    assert "weights_only" not in stopped.stderr
     (command,) = [x for x in stopped.stderr.splitlines() if x.startswith("resume with: ")]
     args = shlex.split(command.removeprefix("resume with: "))
     checkpoint = tmp_path / "checkpoints" / "last-preempted.ckpt"
@@ -235,3 +286,5 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     resumed = forking.run("radio_lit.cli:main", [args[1:]], tmp_path / "resumed", 600)
     assert resumed.exitcode == 0, resumed.stderr[-4000:]
     assert_same_run(torch.load(tmp_path / "checkpoints" / "last.ckpt"), uninterrupted)
+    assert "exists and is not empty" not in resumed.stderr
+    assert not checkpoint.exists()  # last.ckpt of a later step supersedes it

@@ -11,7 +11,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
-from radio_lit.runs import check_checkpoint_dir, name_run, prepare_fit, what_differs
+from radio_lit.runs import (
+    RunFolderState,
+    check_checkpoint_dir,
+    name_run,
+    prepare_fit,
+    what_differs,
+)
 
 
 def _trainer(save_dir: Path, name: str = "quickstart") -> Trainer:
@@ -94,3 +100,34 @@ def test_the_ranks_of_a_torchrun_leave_one_run_folder(tmp_path, monkeypatch):
     check_checkpoint_dir(rank1, module)
     runs = [p.name for p in (tmp_path / "quickstart").iterdir()]
     assert runs == ["version_0-fsdp2.layout=blocks"]
+
+
+def test_a_stopped_command_leaves_the_run_folder_as_it_was_unless_it_saved(tmp_path):
+    """What ``radio-lit fit`` puts back when a user error or a signal stops it: a new folder
+    is removed, a continued one gets its config.yaml back and loses only the files the command
+    added; once the command has written a checkpoint, nothing is removed (it trained)."""
+    new = tmp_path / "version_1"
+    state = RunFolderState(new)
+    (new / "checkpoints").mkdir(parents=True)
+    (new / "config.yaml").write_text("refused")
+    state.restore()
+    assert not new.exists()
+
+    run = tmp_path / "version_0"
+    _checkpoint(run, step=40)
+    (run / "config.yaml").write_text("the run's")
+    (run / "events.out.tfevents.1").write_bytes(b"logged")
+    before = sorted(run.rglob("*"))
+    state = RunFolderState(run)
+    (run / "config.yaml").write_text("refused")
+    (run / "events.out.tfevents.2").write_bytes(b"purge_step=40")
+    (run / "hparams.yaml").write_text("{}")
+    state.restore()
+    assert sorted(run.rglob("*")) == before
+    assert (run / "config.yaml").read_text() == "the run's"
+
+    state = RunFolderState(run)
+    (run / "events.out.tfevents.3").write_bytes(b"steps 40-60")
+    torch.save({"global_step": 60}, run / "checkpoints" / "last.ckpt")
+    state.restore()
+    assert (run / "events.out.tfevents.3").exists()

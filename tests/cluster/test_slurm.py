@@ -1,10 +1,12 @@
 """radio-lit under a real SLURM (one node on this machine, :mod:`tests.cluster.local_slurm`).
 
 The jobs are ``launch/slurm/quickstart.sbatch`` as the README gives it (2 tasks, DDP over gloo
-on CPU), with a tiny schedule on top: one that runs through, and one that gets SLURM's warning
-signal mid-run (``scancel --signal=USR1``), requeues itself and resumes. Both start together;
-the preempted one must end with the weights and statistics of the one that ran through, in a
-single run folder, having resumed from the checkpoint the signal made it write.
+on CPU), with a tiny schedule on top: one that runs through, one that gets SLURM's warning
+signal mid-run (``scancel --signal=USR1``), requeues itself and resumes, and one that gets it
+while both its tasks are still building a teacher (:class:`tests.cli.pause.BuildsUntil`), which
+requeues itself with nothing to save and trains to the end when started again. All start
+together; the preempted one must end with the weights and statistics of the one that ran
+through, and each requeued job in a single run folder.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import pytest
 import torch
 import yaml
 
+from tests.cli.pause import building_teacher
 from tests.cluster.local_slurm import LocalSlurm, missing_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "launch" / "slurm" / "quickstart.sbatch"
 STEPS = 8
 SIGNAL_FROM = 4  # the preempted job is signalled once it reaches this step
+BUILT_STEPS = 2  # the job signalled while it builds trains this many steps once requeued
 JOB_TIMEOUT_S = 400
 
 pytestmark = [
@@ -77,6 +81,32 @@ def _config(folder: Path) -> Path:
     return path
 
 
+def _building_config(folder: Path) -> Path:
+    """Two steps (statistics over both), a checkpoint at the end, and a DINOv2 teacher whose
+    construction waits until the test creates ``folder/go``."""
+    config = {
+        "trainer": {
+            "max_steps": BUILT_STEPS,
+            "enable_model_summary": False,
+            "callbacks": [
+                {
+                    "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+                    "init_args": {"steps": BUILT_STEPS, "refit_every": 1},
+                },
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"save_last": True, "save_top_k": 0},
+                },
+            ],
+        },
+        "model": {"teachers": {"dino": building_teacher(folder / "building", folder / "go")}},
+        "data": {"init_args": {"val_dir": None, "batch_size": 2, "crop_size": 96}},
+    }
+    path = folder / "building.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def _job_folder(root: Path, name: str) -> Path:
     folder = root / name
     folder.mkdir()
@@ -96,26 +126,43 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-@pytest.fixture(scope="module")
-def jobs(slurm, tmp_path_factory):
-    """``{name: (job id, folder)}`` of the two jobs, submitted together; waits for both."""
-    root = tmp_path_factory.mktemp("jobs")
-    submitted = {}
-    for name in ("through", "preempted"):
-        folder = _job_folder(root, name)
-        job = slurm.sbatch(SBATCH, folder, args=["--config", str(_config(folder))])
-        submitted[name] = (job, folder)
-    job, folder = submitted["preempted"]
+def _wait_for(slurm: LocalSlurm, job: str, folder: Path, *flags: str) -> None:
+    """Wait until the job has created ``folder/<flag>`` for every flag."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not (folder / "reached").exists():
+    while not all((folder / flag).exists() for flag in flags):
         assert slurm.job(job).get("JobState") in ("PENDING", "RUNNING"), _output(folder, job)
         assert time.monotonic() < deadline, _output(folder, job)
         time.sleep(0.3)
-    slurm.run(["scancel", "--signal=USR1", job])
+
+
+def _start_requeued(slurm: LocalSlurm, job: str, before_start=None) -> None:
+    """Wait until the signalled job is requeued (or has ended) and start it again now (a
+    requeued job waits ~2 min to start), after ``before_start()``."""
     slurm.wait_state(job, ("PENDING", "REQUEUED", "COMPLETED", "FAILED"), 120)
-    if slurm.job(job).get("JobState") != "COMPLETED":  # a requeued job waits ~2 min to start
+    if slurm.job(job).get("JobState") != "COMPLETED":
         slurm.wait_state(job, ("PENDING",), 60)
+        if before_start is not None:
+            before_start()
         slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory):
+    """``{name: (job id, folder)}`` of the three jobs, submitted together; waits for all."""
+    root = tmp_path_factory.mktemp("jobs")
+    submitted = {}
+    for name, config in (("through", _config), ("preempted", _config), ("built", _building_config)):
+        folder = _job_folder(root, name)
+        job = slurm.sbatch(SBATCH, folder, args=["--config", str(config(folder))])
+        submitted[name] = (job, folder)
+    built, built_folder = submitted["built"]
+    _wait_for(slurm, built, built_folder, "building-0", "building-1")  # both tasks building
+    slurm.run(["scancel", "--signal=USR1", built])
+    job, folder = submitted["preempted"]
+    _wait_for(slurm, job, folder, "reached")
+    slurm.run(["scancel", "--signal=USR1", job])
+    _start_requeued(slurm, built, before_start=(built_folder / "go").touch)
+    _start_requeued(slurm, job)
     for job, folder in submitted.values():
         state = slurm.wait_state(
             job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), JOB_TIMEOUT_S
@@ -167,3 +214,17 @@ def test_a_preempted_job_requeues_resumes_and_ends_as_the_uninterrupted_one(slur
         assert torch.equal(state[key], reference[key]), key
     for key in [k for k in reference if k.startswith(("student.", "heads."))]:
         torch.testing.assert_close(state[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_a_job_signalled_while_it_builds_requeues_and_trains_to_the_end(slurm, jobs):
+    """SLURM's ``USR1`` while both tasks build a teacher (was: "srun: error: tasks 0-1: User
+    defined signal 1", the job FAILED): one line, the job requeued with nothing to save, and
+    the requeued job trains to the end in the same run folder."""
+    job, folder = jobs["built"]
+    output = _output(folder, job)
+    assert int(slurm.job(job)["Restarts"]) == 1, output
+    assert "Traceback" not in output
+    (line,) = [x for x in output.splitlines() if "received while the run was being built" in x]
+    assert line.startswith("radio-lit: SIGUSR1 received"), line
+    assert f"SLURM job {job} requeued" in line
+    assert _last(folder, job)["global_step"] == BUILT_STEPS  # _last: the one run folder

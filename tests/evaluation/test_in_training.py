@@ -59,6 +59,12 @@ def test_quickstart_shows_every_measure_and_evaluate_prints_a_table(tmp_path, mo
         ]
     )
     run_dir = Path(cli.trainer.logger.log_dir)
+    # fit ends with its results: a row per measure, a column per output (radio_lit.results)
+    table = capsys.readouterr().out.split("results at step 2\n", 1)[1].split("\n\n", 1)[0]
+    columns = table.splitlines()[0].split()
+    results = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
+    assert columns == ["backbone", "clip", "dino", "sam"]
+    assert {"eval/zero_shot/top1", "eval/segmentation/miou_64"} <= set(results)
     logged = events(run_dir)
     scalars = set(logged.Tags()["scalars"])
     for tag in (
@@ -83,6 +89,7 @@ def test_quickstart_shows_every_measure_and_evaluate_prints_a_table(tmp_path, mo
     assert "eval/mode_switching/clip/text_summary" in logged.Tags()["tensors"]
     knn = logged.Scalars("eval/knn/backbone/top1")[-1].value
     assert 10.0 < knn <= 100.0  # ten photographs: chance is 10%
+    assert results["eval/knn/top1"][columns.index("backbone")] == f"{knn:.4g}"
 
     preset = tmp_path / "rankme.yaml"
     preset.write_text(

@@ -1,0 +1,174 @@
+"""README.md against the CLI: its commands, their options, the export formats and the files
+each writes, all taken from the CLI itself (``radio-lit --help``, each command's ``--help``, a
+real export of a tiny run), so that a command, option or format added without its README
+line (or a README line left for one removed) fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from radio_lit import cli
+from radio_lit.normalizers import PhiS
+from tests.builders import tiny_module, tiny_student
+from tests.cli.test_command_list import _command_lines, _help
+from tests.export.tiny_export import STUDENT, saved_run
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: An option of a help text (``--format``, ``--samples-per-shard``; not ``--trainer.x``).
+OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*(?![\w.+-])")
+#: An option a README line gives (``--model.normalizer`` too).
+GIVEN = re.compile(r"(?<![\w-])--[a-z][\w.+-]*")
+#: ``radio-lit COMMAND`` where a fenced line runs it (first, after ``$``, a path, ``&&``, or
+#: torchrun's ``--no-python``), not in prose such as a file listing.
+RUN = re.compile(r"(?:^\s*(?:\$\s+)?|&&\s*|--no-python\s+|/)radio-lit ([a-z]+)\b(.*)")
+
+
+def _sections(text: str) -> list[str]:
+    """``text`` cut at its headings (``#`` lines outside fenced code)."""
+    sections, current, fenced = [], [], False
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced and current:
+            sections.append("\n".join(current))
+            current = []
+        current.append(line)
+    return [*sections, "\n".join(current)]
+
+
+def _code(text: str) -> tuple[list[str], list[str]]:
+    """The code of ``text``: the lines of its fenced blocks (``\\``-continued lines joined,
+    ``#`` comments dropped), and its inline ``code`` spans."""
+    items, fenced, pending = [], False, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            line = pending + re.sub(r"(^|\s)#.*", "", line)
+            pending = line[:-1] + " " if line.rstrip().endswith("\\") else ""
+            if not pending:
+                items.append(line)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return items, re.findall(r"`([^`\n]+)`", prose)
+
+
+def _invocations(text: str) -> list[tuple[str, list[str]]]:
+    """``(command, its options)`` of every ``radio-lit COMMAND …`` in the code of ``text``
+    (the options up to a shell operator)."""
+    fenced, spans = _code(text)
+    matches = [m for line in fenced for m in RUN.finditer(line)]
+    matches += [m for span in spans for m in re.finditer(r"radio-lit ([a-z]+)\b(.*)", span)]
+    return [(m.group(1), GIVEN.findall(re.split(r"&&|;|\|\|", m.group(2))[0])) for m in matches]
+
+
+def _options(command: str, capsys) -> set[str]:
+    return set(OPTION.findall(_help([command, "--help"], capsys))) - {"--help"}
+
+
+def test_the_readme_shows_every_command_and_no_other(capsys):
+    commands = set(_command_lines(_help(["--help"], capsys)))
+    shown = {command for command, _ in _invocations(README)}
+    assert commands - shown == set(), "commands the README never shows"
+    assert shown - commands == set(), "README commands radio-lit does not have"
+
+
+@pytest.mark.parametrize("command", list(cli.SUBCOMMANDS))
+def test_each_option_is_documented_where_its_command_is(command, capsys):
+    """Every option of ``radio-lit COMMAND --help`` appears in a README section that shows
+    ``radio-lit COMMAND``, and every option the README gives that command is one of them
+    (``--section.key`` config overrides aside)."""
+    options = _options(command, capsys)
+    sections = "\n".join(s for s in _sections(README) if f"radio-lit {command}" in s)
+    documented = {o for o in options if re.search(re.escape(o) + r"(?![\w-])", sections)}
+    assert options - documented == set(), f"radio-lit {command} options not in its README sections"
+    given = {o for c, found in _invocations(README) if c == command for o in found}
+    assert {o for o in given if "." not in o} - options == set(), "options it does not have"
+
+
+def test_the_readmes_fit_options_are_fits(capsys):
+    """``radio-lit fit|validate|test`` lines give only options of ``radio-lit fit --help``
+    (a ``--section.key`` by its section)."""
+    options = _options("fit", capsys)
+    given = {
+        o for c, found in _invocations(README) if c in ("fit", "validate", "test") for o in found
+    }
+    assert {o.split(".")[0] for o in given} - options == set()
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """``{format: files written}`` (names relative to the output; None where the format
+    refuses this student) of ``radio-lit export --format F --output OUT/last`` for every format
+    ``radio-lit export --help`` offers, from a tiny run saved as ``radio-lit fit`` leaves it."""
+    torch.manual_seed(0)
+    module = tiny_module(student=tiny_student(**STUDENT["init_args"]), normalizer=PhiS)
+    for name, output in module.run_teachers(torch.rand(2, 3, 96, 96)).items():
+        module.normalizers[name].update(output.features)
+        module.normalizers[name].fit()
+    root = tmp_path_factory.mktemp("exports")
+    checkpoint = saved_run(module.eval(), root / "run")
+    help_text = _help_text(["export", "--help"])
+    formats = re.search(r"--format \{([\w,]+)\}", help_text).group(1).split(",")
+    written = {}
+    for fmt in formats:
+        out = root / fmt
+        try:
+            cli.main(["export", str(checkpoint), "--format", fmt, "--output", str(out / "last")])
+        except SystemExit as refused:
+            assert refused.code == 2
+            written[fmt] = None
+            continue
+        written[fmt] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    return written
+
+
+def _help_text(argv: list[str]) -> str:
+    """What ``radio-lit ARGV`` prints, outside pytest's capture (module fixtures have none)."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
+        cli.main(argv)
+    return printed.getvalue()
+
+
+@pytest.mark.slow
+def test_every_export_format_and_its_files_are_in_the_readme(exports):
+    """Each ``--format`` is named (``--format hf`` or in a ``--format a|b|c`` list) and no
+    other; each file an export wrote is named: ``last<suffix>`` or ``<stem><suffix>`` beside a
+    stem, a folder's files by name."""
+    documented = {
+        f for values in re.findall(r"--format ([\w|]+)", README) for f in values.split("|")
+    }
+    assert set(exports) - documented == set(), "formats the README does not name"
+    assert documented - set(exports) == set(), "README formats export does not have"
+    assert any(files for files in exports.values()), exports
+    for fmt, files in exports.items():
+        for name in files or []:
+            if name.startswith("last."):
+                suffix = name.removeprefix("last")
+                assert f"last{suffix}" in README or f"<stem>{suffix}" in README, (fmt, name)
+            else:
+                assert Path(name).name in README, (fmt, name)
+
+
+def test_the_quickstart_takes_the_time_the_readme_says():
+    """The quickstart config's header and README's first command state one duration."""
+    header = (ROOT / "configs" / "quickstart.yaml").read_text().split("\n\n")[0]
+    words = {"a": 1, "one": 1, "two": 2, "three": 3}
+
+    def minutes(text: str) -> int:
+        found = re.search(r"about (\w+) minutes?", text)
+        assert found, text[:400]
+        return int(words.get(found.group(1), found.group(1)))
+
+    readme = README.split("## The two commands", 1)[1].split("```", 1)[0]
+    assert minutes(header) == minutes(readme)
+    assert yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())["trainer"]
