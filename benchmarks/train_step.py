@@ -118,7 +118,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def device_overrides(config: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], list[str]]:
+def device_overrides(
+    config: dict[str, Any], args: argparse.Namespace
+) -> tuple[list[str], list[str]]:
     """Overrides that run ``config`` on one device of ``args.device`` (module docstring), and
     notes saying what they changed."""
     trainer, model, data = (config.get(k) or {} for k in ("trainer", "model", "data"))
@@ -243,7 +245,9 @@ def library_forward(teacher: Any) -> tuple[TeacherForward, str]:
     if isinstance(teacher, SAMTeacher):
         return sam_forward(teacher), "segment-anything ImageEncoderViT, its own attention"
     if isinstance(teacher, TokenTeacher):
-        if getattr(teacher, "backend", "timm") == "timm" and hasattr(teacher.model, "forward_features"):
+        if getattr(teacher, "backend", "timm") == "timm" and hasattr(
+            teacher.model, "forward_features"
+        ):
             return timm_forward(teacher), "timm forward_features"
         return transformers_forward(teacher), "transformers model(pixel_values=...)"
     return (lambda view: _encode(teacher, view)), f"radio-lit's {type(teacher).__name__}.encode"
@@ -286,7 +290,9 @@ def transformers_forward(teacher: Any) -> TeacherForward:
         out = net(pixel_values=view, **kwargs)
         tokens = out.last_hidden_state
         cells = (height // patch) * (width // patch)
-        features = tokens[:, tokens.shape[1] - cells :].reshape(batch, height // patch, width // patch, -1)
+        features = tokens[:, tokens.shape[1] - cells :].reshape(
+            batch, height // patch, width // patch, -1
+        )
         if summary == "cls":
             return tokens[:, 0], features
         if summary == "pooled":
@@ -389,7 +395,10 @@ class PlainStep:
         for name, teacher in self.teachers.items():
             self.forwards[name], self.apis[name] = library_forward(teacher)
         self.size = tuple(module.student_resolution)
-        grid = (self.size[0] // module.student.patch_size, self.size[1] // module.student.patch_size)
+        grid = (
+            self.size[0] // module.student.patch_size,
+            self.size[1] // module.student.patch_size,
+        )
         self.sizes = {n: tuple(t.view_size(grid)) for n, t in self.teachers.items()}
 
         def channel(values: Any) -> Any:
@@ -444,8 +453,12 @@ class PlainStep:
             crop = batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
             resized = {}
             for size in {self.size, *self.sizes.values()}:
-                resized[size] = crop if tuple(crop.shape[-2:]) == size else F.interpolate(
-                    crop, size=size, mode="bilinear", align_corners=False, antialias=True
+                resized[size] = (
+                    crop
+                    if tuple(crop.shape[-2:]) == size
+                    else F.interpolate(
+                        crop, size=size, mode="bilinear", align_corners=False, antialias=True
+                    )
                 )
         outputs, targets = {}, {}
         with torch.no_grad():
@@ -642,7 +655,12 @@ def table(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow], cuda: bool) -> s
     header += ["copy_ plain", "cast lit", "cast plain", "MB lit", "MB plain"]
     header += ["launch lit", "launch plain"] if cuda else []
     widths = [22] + [max(9, len(h)) for h in header[1:]]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
     for name in sorted({*lit, *plain}, key=_order):
         a, b = lit.get(name, PhaseRow()), plain.get(name, PhaseRow())
         ratio = f"{a.ms / b.ms:.2f}" if b.ms > 0 else "-"
@@ -681,7 +699,9 @@ def main(argv: list[str] | None = None) -> None:
     total = args.warmup + args.steps + 1
     plain = PlainStep(module, batch, device, precision, total)
 
-    print(f"config {args.config}; device {args.device}; precision {precision}; batch {tuple(batch.shape)}")
+    print(
+        f"config {args.config}; device {args.device}; precision {precision}; batch {tuple(batch.shape)}"
+    )
     for note in notes:
         print(f"note: {note}")
     if args.teacher_depth is not None:
@@ -708,7 +728,9 @@ def main(argv: list[str] | None = None) -> None:
             f"CPU times ({torch.get_num_threads()} threads) move with the machine's load; the "
             "counts do not"
         )
-    difference = abs(lit.first_loss - plain_side.first_loss) / max(abs(plain_side.first_loss), 1e-12)
+    difference = abs(lit.first_loss - plain_side.first_loss) / max(
+        abs(plain_side.first_loss), 1e-12
+    )
     print(
         f"first loss: radio-lit {lit.first_loss:.6g}, plain {plain_side.first_loss:.6g} "
         f"(relative difference {difference:.2e})"
