@@ -9,7 +9,7 @@ GPU decides are set as an NVIDIA H100 decides them:
 
 - ``torch.autocast("cuda", bf16)`` as Lightning's ``bf16-mixed`` enables it (set through
   ``torch.set_autocast_enabled``, which does not ask for a device);
-- SDPA's backend (:class:`HopperAttention`): flash attention for bf16/fp16 without a mask
+- SDPA's backend (:func:`hopper_attention`): flash attention for bf16/fp16 without a mask
   (head dim <= 256), else memory-efficient attention with the mask padded to 16 elements as
   PyTorch's composite pads it (without a GPU the selection falls back to the math path, which
   upcasts bf16 to float32).
@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -78,17 +77,17 @@ class Dispatched(TorchDispatchMode):
         return out
 
 
-class HopperAttention(TorchFunctionMode):
+@contextlib.contextmanager
+def hopper_attention() -> Iterator[None]:
     """``F.scaled_dot_product_attention`` as PyTorch's CUDA composite runs it on an H100
     (flash attention without a mask, memory-efficient attention with one, after autocast's
-    casts and the mask's alignment padding), on any device: without a GPU its backend
-    selection falls back to the math path, which upcasts bf16 to float32."""
+    casts and the mask's alignment padding) while the block runs, on any device: without a GPU
+    its backend selection falls back to the math path, which upcasts bf16 to float32. (Patched
+    on ``torch.nn.functional``, where libraries look it up at each call.)"""
+    from unittest import mock
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return _hopper_attention(*args, **kwargs)
-        return func(*args, **kwargs)
+    with mock.patch.object(F, "scaled_dot_product_attention", _hopper_attention):
+        yield
 
 
 def _hopper_attention(
@@ -173,18 +172,21 @@ class FakeCuda:
         args: tuple[Any, ...],
         autocast: bool,
         fn: Any = None,
+        warm: bool = False,
     ) -> tuple[Any, Dispatched]:
         """``module(*args)`` (or ``fn(*args)``) with ``state`` swapped in, on fake CUDA tensors,
-        under CUDA bf16 autocast or not: its outputs and what the second of two calls
-        dispatched (the first fills per-device caches, as a training run's first step does)."""
+        under CUDA bf16 autocast or not: its outputs and what it dispatched. ``warm``: count a
+        second call (the first fills per-device caches, as a training run's first step does;
+        needed once per :class:`FakeCuda`)."""
         from torch.nn.utils.stateless import _reparametrize_module
 
         counter = Dispatched()
-        with self.mode, _reparametrize_module(module, state), cuda_autocast(autocast):
-            with HopperAttention():
+        swapped = _reparametrize_module(module, state)
+        with self.mode, swapped, cuda_autocast(autocast), hopper_attention():
+            if warm:
                 (fn or module)(*args)
-                with counter:
-                    out = (fn or module)(*args)
+            with counter:
+                out = (fn or module)(*args)
         return out, counter
 
 

@@ -109,6 +109,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0, help="random state of both first steps")
+    parser.add_argument(
+        "--teachers-on-fake-cuda",
+        action="store_true",
+        help="instead: each teacher of the config at full size, radio-lit's call under bf16 "
+        "autocast against the plain library call, counted on fake CUDA tensors (no GPU)",
+    )
     args, overrides = parser.parse_known_args(argv)
     args.pretrained = False  # profile_step.build: random weights, nothing loaded
     if args.steps < 1 or args.warmup < 1:
@@ -159,6 +165,18 @@ def device_overrides(
     if batch is not None:
         out.append(f"--data.init_args.batch_size={batch}")
     return out, notes
+
+
+def return_freed_memory() -> None:
+    """Let glibc give freed tensors back to the OS at once (allocations of 64 KiB and more are
+    mapped, the threshold fixed): a built-then-shortened teacher and the first side's state
+    do not stay resident while the second side runs (shared CPU machines)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform.startswith("linux") and name:
+        ctypes.CDLL(name).mallopt(-3, 65536)  # M_MMAP_THRESHOLD
 
 
 def quiet() -> None:
@@ -559,10 +577,10 @@ def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -
     trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
     side.step_times, side.phase_times = driver.step_times, driver.phase_times
     side.events = list(driver.profile.events())
-    for optimizer in trainer.optimizers:  # its state is not needed any more
+    for optimizer in trainer.optimizers:  # its state and weights are not needed any more
         optimizer.state.clear()
-    cli.model.student.zero_grad(set_to_none=True)
-    cli.model.heads.zero_grad(set_to_none=True)
+    cli.model.student.to("meta")
+    cli.model.heads.to("meta")
     return side
 
 
@@ -676,14 +694,106 @@ def table(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow], cuda: bool) -> s
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------
+# teachers at full size, counted on fake CUDA tensors
+# ------------------------------------------------------------------------------------------
+def random_weights(entry: dict[str, Any]) -> dict[str, Any]:
+    """A teacher's config entry with nothing to load: random weights, as profile_step's."""
+    init = dict(entry.get("init_args") or {})
+    kind = entry["class_path"].rsplit(".", 1)[-1]
+    if "pretrained" in init:
+        init["pretrained"] = False if isinstance(init["pretrained"], bool) else None
+    elif kind in ("DINOv2Teacher", "DINOv3Teacher", "TimmTeacher", "TransformersTeacher"):
+        init["pretrained"] = False
+    if init.get("checkpoint"):
+        init["checkpoint"] = None
+    if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
+        init["model"] = init["model"].split(".")[0]  # no pretrained tag
+    return {"class_path": entry["class_path"], "init_args": init}
+
+
+def meta_teachers(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's teachers at full size on the meta device (shapes only, nothing
+    allocated; open_clip's final move to a device is skipped, it cannot move meta tensors)."""
+    from unittest import mock
+
+    import torch
+    from lightning.pytorch.cli import instantiate_class
+
+    teachers = {}
+    skip_move = mock.patch(
+        "open_clip.factory._set_model_device_and_precision", lambda *a, **k: None
+    )
+    for name, entry in ((config.get("model") or {}).get("teachers") or {}).items():
+        with torch.device("meta"), skip_move:
+            teachers[name] = instantiate_class((), random_weights(entry))
+    return teachers
+
+
+def teachers_on_fake_cuda(args: argparse.Namespace) -> None:
+    """Each teacher of ``args.config`` at full size on a batch of the config's size: radio-lit's
+    ``Teacher.__call__`` under CUDA bf16 autocast (as ``bf16-mixed`` runs it) and the plain
+    library call without autocast, counted by ``benchmarks/fake_cuda.py``."""
+    import yaml
+
+    from benchmarks.fake_cuda import FakeCuda
+    from radio_lit.grid import student_input_size
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    model, data = config.get("model") or {}, (config.get("data") or {}).get("init_args") or {}
+    batch = args.batch_size or data.get("batch_size", 32)
+    side = student_input_size(model.get("student_resolution", 256), 16)
+    patch = 16  # the student's grid: the stage configs' ViT-*/16 students
+    grid = (side[0] // patch, side[1] // patch)
+    mixed = str((config.get("trainer") or {}).get("precision", "32-true")) == "bf16-mixed"
+    print(f"config {args.config}: teachers at full size, batch {batch}, fake CUDA tensors")
+    print(f"radio-lit: Teacher(crop) under CUDA bf16 autocast: {mixed}; plain: library call")
+    header = ["teacher", "ops lit", "ops plain", "casts lit", "casts plain", "copies lit"]
+    header += ["copies plain", "MB lit", "MB plain"]
+    widths = [22] + [max(9, len(h)) for h in header[1:]]
+    print(
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    )
+    for name, teacher in meta_teachers(config).items():
+        size = tuple(teacher.view_size(grid))
+        dtype = next(teacher.parameters()).dtype
+        forward, _ = library_forward(teacher)
+        with FakeCuda() as fake:
+            state = fake.state(teacher)
+            crop = fake.empty(batch, 3, *size)
+            _, lit = fake.run(teacher, state, (crop, size), autocast=mixed, warm=True)
+            view = fake.empty(batch, 3, *size, dtype=dtype)
+            _, plain = fake.run(teacher, state, (view,), autocast=False, fn=forward)
+        cells = [f"{name} {size[0]}px", lit.total, plain.total, lit.casts, plain.casts]
+        cells += [lit.copies, plain.copies, f"{lit.moved / 1e6:.0f}", f"{plain.moved / 1e6:.0f}"]
+        print(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+        )
+    print(
+        "ops: aten operations dispatched below autograd and autocast (views included); casts: "
+        "aten::_to_copy; copies: aten::clone and aten::copy_; MB read + written by both"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     import yaml
 
     args, user_overrides = parse_args(argv)
+    return_freed_memory()
     import torch
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.teachers_on_fake_cuda:
+        quiet()
+        teachers_on_fake_cuda(args)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
     quiet()
@@ -699,9 +809,8 @@ def main(argv: list[str] | None = None) -> None:
     total = args.warmup + args.steps + 1
     plain = PlainStep(module, batch, device, precision, total)
 
-    print(
-        f"config {args.config}; device {args.device}; precision {precision}; batch {tuple(batch.shape)}"
-    )
+    shape = tuple(batch.shape)
+    print(f"config {args.config}; device {args.device}; precision {precision}; batch {shape}")
     for note in notes:
         print(f"note: {note}")
     if args.teacher_depth is not None:
