@@ -53,6 +53,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,8 @@ KEPT_CALLBACKS = ("NonFiniteGuard", "RandomStates", "SkippedData", "ImagesPerSec
 #: lines (batch to the device, zero_grad, scheduler).
 REST = "rest of the step"
 LOCAL_DATA = ("ImageFolderDataModule", "SyntheticDataModule")
+#: Operations listed per phase where the sides differ.
+LISTED = 8
 
 
 # ------------------------------------------------------------------------------------------
@@ -625,6 +628,7 @@ class PhaseRow:
     casts: int = 0
     bytes: int = 0
     launches: int = 0
+    names: Counter[str] = field(default_factory=Counter)  # top-level operations by name
 
 
 def phase_rows(side: Side) -> dict[str, PhaseRow]:
@@ -637,9 +641,11 @@ def phase_rows(side: Side) -> dict[str, PhaseRow]:
     for name in names:
         events = by_phase.get(name, [])
         copies, casts, moved = copy_counts(events)
+        count = count_events(events)
         rows[name] = PhaseRow(
             ms=1e3 * statistics.median(t.get(name, 0.0) for t in times),
-            top=count_events(events).top_level,
+            top=count.top_level,
+            names=count.by_name,
             copies=copies,
             casts=casts,
             bytes=moved,
@@ -781,6 +787,26 @@ def teachers_on_fake_cuda(args: argparse.Namespace) -> None:
     )
 
 
+def differences(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow]) -> list[str]:
+    """For each phase whose top-level operations differ by more than 10 % between the sides,
+    the operations whose counts differ (``name radio-lit/plain``)."""
+    lines = []
+    for name in sorted({*lit, *plain} - {"step"}, key=_order):
+        a, b = lit.get(name, PhaseRow()), plain.get(name, PhaseRow())
+        if abs(a.top - b.top) <= 0.1 * max(b.top, 1):
+            continue
+        ops = sorted(
+            (op for op in {*a.names, *b.names} if a.names[op] != b.names[op]),
+            key=lambda op: -abs(a.names[op] - b.names[op]),
+        )
+        listed = ", ".join(
+            f"{op.removeprefix('aten::')} {a.names[op]}/{b.names[op]}" for op in ops[:8]
+        )
+        more = f" (+{len(ops) - LISTED} more)" if len(ops) > LISTED else ""
+        lines.append(f"  {name}: {listed}{more}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     import yaml
 
@@ -827,6 +853,10 @@ def main(argv: list[str] | None = None) -> None:
     lit_rows, plain_rows = phase_rows(lit), phase_rows(plain_side)
     print()
     print(table(lit_rows, plain_rows, cuda))
+    detail = differences(lit_rows, plain_rows)
+    if detail:
+        print("\ntop-level operations (radio-lit/plain) in phases more than 10 % apart:")
+        print("\n".join(detail))
     print(
         f"\nmedian of {args.steps} timed steps after {args.warmup} warm-up; counts of one "
         "profiled step; copy_ includes nested copies (casts, contiguous, clone); MB read + "
