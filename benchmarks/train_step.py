@@ -511,11 +511,14 @@ class PlainStep:
                 student = self.student(view)
             for name, (summary_target, _) in outputs.items():
                 heads, target = self.heads[name], targets[name]
+                summary = token = None
+                if heads.summary is not None and summary_target is not None:
+                    with clock.phase("grid matching"):  # where radio-lit picks the token
+                        token = student.summary[:, self.token[name]]
                 with clock.phase(f"head {name}"):
                     prediction = heads.features(student.features)
-                    summary = None
-                    if heads.summary is not None and summary_target is not None:
-                        summary = heads.summary(student.summary[:, self.token[name]])
+                    if token is not None:
+                        summary = heads.summary(token)
                 with clock.phase("grid matching"):
                     if prediction.shape[1:3] != target.shape[1:3]:
                         prediction = F.interpolate(
