@@ -153,7 +153,9 @@ class FakeCuda:
     def __exit__(self, *exc: object) -> None:
         from radio_lit.data import views
 
-        views._channel_affine.cache_clear()
+        for cached in vars(views).values():  # functools.lru_cache'd per-device constants
+            if callable(getattr(cached, "cache_clear", None)):
+                cached.cache_clear()
 
     def state(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """``module``'s parameters and buffers as fake CUDA tensors (real, meta or CPU ones)."""

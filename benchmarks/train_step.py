@@ -579,14 +579,15 @@ def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -
     trainer = cli.trainer
     trainer.callbacks[:] = [c for c in trainer.callbacks if type(c).__name__ in KEPT_CALLBACKS]
     trainer.callbacks += [FirstStep(), driver.callback()]
-    total = args.warmup + args.steps + 1
+    total = args.warmup + args.steps + 2
     trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
     side.step_times, side.phase_times = driver.step_times, driver.phase_times
     side.events = list(driver.profile.events())
     for optimizer in trainer.optimizers:  # its state and weights are not needed any more
         optimizer.state.clear()
-    cli.model.student.to("meta")
-    cli.model.heads.to("meta")
+    with contextlib.suppress(RuntimeError):  # FSDP2's sharded parameters cannot move
+        cli.model.student.to("meta")
+        cli.model.heads.to("meta")
     return side
 
 
@@ -828,7 +829,9 @@ def main(argv: list[str] | None = None) -> None:
     quiet()
     config = yaml.safe_load(Path(args.config).read_text())
     overrides, notes = device_overrides(config, args)
-    cli = build(args, [*overrides, *user_overrides], extra_steps=1)
+    # the profiled step, and one more: the last step logs (radio_lit.metrics.logging), so the
+    # profiled one is a step like most of a run's
+    cli = build(args, [*overrides, *user_overrides], extra_steps=2)
     quiet()
     device = torch.device(args.device)
     module = cli.model
