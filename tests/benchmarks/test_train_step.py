@@ -1,24 +1,32 @@
 """benchmarks/train_step.py: radio-lit's step beside a plain PyTorch loop on the quickstart,
 per phase, with the same first loss."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+import logging
 
 import pytest
 
-ROOT = Path(__file__).parents[2]  # the repository
+import radio_lit.module
+import radio_lit.step
+import radio_lit.student_step
+from benchmarks import train_step
+
+#: What the profiler's phase labels wrap, module by module (restored after the run).
+PATCHED = {
+    radio_lit.step: ["resize_view"],
+    radio_lit.student_step: ["teacher_view"],
+    radio_lit.module: ["to_loss_grid", "match_teachers", "balanced_loss", "idle_heads_term"],
+}
 
 
 @pytest.mark.slow
-def test_the_plain_loop_comparison_runs_on_the_quickstart(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--warmup=1"]
-    command += ["--steps=1", "--threads=1", "--data.init_args.batch_size=2"]
-    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
+def test_the_plain_loop_comparison_runs_on_the_quickstart(monkeypatch, capsys):
+    for module, names in PATCHED.items():
+        for name in names:
+            monkeypatch.setattr(module, name, getattr(module, name))
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    train_step.main(["--warmup=1", "--steps=1", "--data.init_args.batch_size=2"])
+    out = capsys.readouterr().out
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("phase"))
     assert header.split()[1:5] == ["ms", "lit", "ms", "plain"]
@@ -31,7 +39,8 @@ def test_the_plain_loop_comparison_runs_on_the_quickstart(tmp_path):
     # the same student, heads and teachers at the same initial weights: the same loss
     loss = next(line for line in lines if line.startswith("first loss:"))
     assert float(loss.rsplit("relative difference ", 1)[1].rstrip(")")) < 1e-4, loss
-    student = [int(v) for v in rows["student forward"][3:5]]  # top-level operations
-    assert student[0] == student[1] > 0
+    for phase in ["student forward", "backward", "grid matching"]:  # top-level operations
+        lit, plain = (int(v) for v in rows[phase][3:5])
+        assert abs(lit - plain) <= 0.1 * plain, (phase, lit, plain)
     assert lines[-1].startswith("ratio (radio-lit / plain PyTorch): ")
     float(lines[-1].rsplit(": ", 1)[1])
