@@ -64,8 +64,9 @@ def relative_position_bias(
     ``along_h[i, (b, n, j), k] = q[b, n, (i, j)] . R^h_{i - k}`` and
     ``along_w[j, (i, b, n), l] = q[b, n, (i, j)] . R^w_{j - l}`` are two batched products over one
     copy of ``q`` laid out ``[H, B, heads, W, C]``; their broadcast sum is written once into the
-    bias. On CUDA its rows are padded to :data:`MASK_ALIGNMENT` elements (a view of the first
-    ``H * W`` columns is returned).
+    bias. On CUDA (eager) its rows are padded to :data:`MASK_ALIGNMENT` elements (a view of the
+    first ``H * W`` columns is returned); elsewhere, and under ``torch.compile`` (which rewrites
+    ``out=`` and picks layouts itself), the two small terms are first laid out as the sum.
     """
     height, width = size
     batch, heads, tokens, channels = q.shape
@@ -76,17 +77,18 @@ def relative_position_bias(
     along_h = torch.bmm(rows, table_h.transpose(1, 2))  # [H, B heads W, H]
     cols = rows.view(height * batch * heads, width, channels).transpose(0, 1)
     along_w = torch.bmm(cols, table_w.transpose(1, 2))  # [W, H B heads, W]
-    row = tokens
-    if q.is_cuda:
+    along_h = along_h.view(height, batch, heads, width, height).permute(1, 2, 0, 3, 4)
+    along_w = along_w.view(width, height, batch, heads, width).permute(2, 3, 1, 0, 4)
+    grid = (batch, heads, height, width, height, width)
+    if q.is_cuda and not torch.compiler.is_compiling():  # eager CUDA: rows padded, one write
         row = -(-tokens // MASK_ALIGNMENT) * MASK_ALIGNMENT
-    bias = torch.empty(batch, heads, tokens, row, dtype=along_h.dtype, device=q.device)
-    bias = bias[..., :tokens]
-    torch.add(
-        along_h.view(height, batch, heads, width, height).permute(1, 2, 0, 3, 4)[..., None],
-        along_w.view(width, height, batch, heads, width).permute(2, 3, 1, 0, 4)[..., None, :],
-        out=bias.view(batch, heads, height, width, height, width),
-    )
-    return bias
+        bias = torch.empty(batch, heads, tokens, row, dtype=along_h.dtype, device=q.device)
+        bias = bias[..., :tokens]
+        torch.add(along_h[..., None], along_w[..., None, :], out=bias.view(grid))
+        return bias
+    # the small terms laid out as the sum: the sum is written contiguous, once
+    bias = along_h.contiguous()[..., None] + along_w.contiguous()[..., None, :]
+    return bias.view(batch, heads, tokens, tokens)
 
 
 class SDPAAttention(Attention):
