@@ -150,8 +150,7 @@ def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespac
         import open_clip
 
         cfg = init.get("model_cfg") or open_clip.get_model_config(init["model_name"])
-        if "timm_model_name" in cfg["vision_cfg"]:  # a timm trunk: open_clip sets no depth
-            print(f"note: teacher {name} (open_clip timm trunk) kept at full depth")
+        if "timm_model_name" in cfg["vision_cfg"]:  # a timm trunk: shorten_trunk, once built
             return out
         cfg = {**cfg, "vision_cfg": {**cfg["vision_cfg"], "layers": depth}}
         cfg["text_cfg"] = {**cfg["text_cfg"], "layers": min(depth, cfg["text_cfg"]["layers"])}
@@ -173,8 +172,10 @@ def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
     return inspect.signature(getattr(importlib.import_module(module), name)).parameters
 
 
-def build(args: argparse.Namespace, overrides: list[str]) -> Any:
-    """The ``RadioLitCLI`` of the config with random weights and the profiler's overrides."""
+def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) -> Any:
+    """The ``RadioLitCLI`` of the config with random weights and the profiler's overrides;
+    ``max_steps`` is ``--warmup + --steps + extra_steps``. With ``--teacher-depth``, teachers
+    whose config cannot set their depth (open_clip's timm trunks) are shortened once built."""
     import yaml
 
     from radio_lit.cli import RadioLitCLI
@@ -189,8 +190,8 @@ def build(args: argparse.Namespace, overrides: list[str]) -> Any:
         extra.append("--model.student.init_args.pretrained=false")
     root = tempfile.mkdtemp(prefix="profile_step_")
     extra += [
-        # + the profiled step, the scalar-read step, a gap, the FLOP step
-        f"--trainer.max_steps={args.warmup + args.steps + 4}",
+        # profile_step: + the profiled step, the scalar-read step, a gap, the FLOP step
+        f"--trainer.max_steps={args.warmup + args.steps + extra_steps}",
         f"--trainer.default_root_dir={root}",
         "--trainer.enable_model_summary=false",
         "--trainer.enable_progress_bar=false",
@@ -200,7 +201,23 @@ def build(args: argparse.Namespace, overrides: list[str]) -> Any:
     ]
     if config.get("trainer", {}).get("logger"):
         extra.append(f"--trainer.logger.init_args.save_dir={root}")
-    return RadioLitCLI(run=False, args=["--config", args.config, *extra, *overrides])
+    cli = RadioLitCLI(run=False, args=["--config", args.config, *extra, *overrides])
+    if args.teacher_depth is not None:
+        for name, teacher in cli.model.teachers.items():
+            shorten_trunk(name, teacher, args.teacher_depth)
+    return cli
+
+
+def shorten_trunk(name: str, teacher: Any, depth: int) -> None:
+    """Keep the first ``depth`` blocks of an open_clip teacher's timm trunk (SigLIP's: open_clip
+    builds it at the timm model's own depth, which its config cannot set); widths kept."""
+    trunk = getattr(getattr(teacher, "model", None), "trunk", None)
+    blocks = getattr(trunk, "blocks", None)
+    if blocks is not None and len(blocks) > depth:
+        trunk.blocks = blocks[:depth]
+        if isinstance(getattr(trunk, "feature_info", None), list):
+            trunk.feature_info = trunk.feature_info[:depth]
+        print(f"note: teacher {name} (open_clip timm trunk) shortened to {depth} blocks once built")
 
 
 # ------------------------------------------------------------------------------------------
@@ -334,10 +351,20 @@ def instrument_student_step(module: Any, clock: PhaseClock) -> None:
 # the run
 # ------------------------------------------------------------------------------------------
 class Driver:
-    """A Lightning callback that times, profiles and FLOP-counts chosen steps."""
+    """A Lightning callback that times, profiles and FLOP-counts chosen steps.
 
-    def __init__(self, args: argparse.Namespace, clock: PhaseClock, device: Any) -> None:
-        self.args, self.clock, self.device = args, clock, device
+    ``extras``: what follows the timed and profiled steps, ``"reads"`` (scalar reads) and
+    ``"flops"`` (the FLOP step); benchmarks/train_step.py asks for neither.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        clock: PhaseClock,
+        device: Any,
+        extras: tuple[str, ...] = ("reads", "flops"),
+    ) -> None:
+        self.args, self.clock, self.device, self.extras = args, clock, device, extras
         self.step_times: list[float] = []
         self.phase_times: list[dict[str, float]] = []
         self.step_flops: dict[str, float] = {}
@@ -353,7 +380,9 @@ class Driver:
             return "time"
         # scalar reads are counted on step timed + 1, until the next step starts (its logging
         # comes after its last callback), then a gap: dispatch modes nest, they do not overlap
-        return {timed: "profile", timed + 3: "flops"}.get(step)
+        if step == timed + 3 and "flops" in self.extras:
+            return "flops"
+        return "profile" if step == timed else None
 
     def callback(self) -> Any:
         from lightning.pytorch.callbacks import Callback
@@ -399,6 +428,8 @@ class Driver:
         import torch
 
         profiled = self.args.warmup + self.args.steps + 1
+        if "reads" not in self.extras:
+            return
         if step == profiled:
             self.scalar_reads.__enter__()
             batch = [batch] if isinstance(batch, torch.Tensor) else []
@@ -431,18 +462,12 @@ class Driver:
 
     def begin(self, step: int) -> None:
         """Start measuring step ``step``: from the end of the one before (data wait included)."""
-        import torch
-
         mode = self.schedule(step)
         self.clock.mode = mode
         self.clock.times.clear()
         self.clock.flops.clear()
         if mode == "profile":
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profile = torch.profiler.profile(activities=activities)
-            self.profile.__enter__()
+            self.profile = start_profile(self.device)
         elif mode == "flops":
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -466,6 +491,19 @@ class Driver:
             self.step_flops = dict(self.clock.flops)
             self.step_flops["total"] = float(self.clock.flop_counter.get_total_flops())
         self.clock.mode = None
+
+
+def start_profile(device: Any) -> Any:
+    """An entered ``torch.profiler.profile`` of CPU (and, on CUDA, device) activity that
+    records input shapes and dtypes (the bytes of copies: :func:`copy_counts`)."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profile = torch.profiler.profile(activities=activities, record_shapes=True)
+    profile.__enter__()
+    return profile
 
 
 def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
@@ -517,6 +555,45 @@ def _launches(events: list[Any]) -> int:
 
 def _syncs(events: list[Any]) -> int:
     return sum(1 for e in events if e.name in SCALAR_READS or e.name in SYNC_CALLS)
+
+
+#: Bytes per element of the dtype names the profiler records (``input_dtypes``).
+ELEMENT_BYTES = {
+    "double": 8,
+    "float": 4,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+}
+
+
+def copy_counts(events: list[Any]) -> tuple[int, int, int]:
+    """``(copies, casts, bytes)`` among a profiler's events (recorded with shapes):
+    ``aten::copy_`` calls (nested ones included: a cast, ``contiguous`` or ``clone`` copies
+    through one), ``aten::_to_copy`` calls (dtype or device casts) and the bytes the copies
+    read and write (source and destination, each ``numel x element size``)."""
+    copies = casts = moved = 0
+    for event in events:
+        if event.name == "aten::_to_copy":
+            casts += 1
+        elif event.name == "aten::copy_":
+            copies += 1
+            shapes, dtypes = event.input_shapes or [], event.input_dtypes or []
+            for shape, dtype in list(zip(shapes, dtypes, strict=False))[:2]:
+                numel = 1
+                for side in shape:
+                    numel *= side
+                moved += numel * ELEMENT_BYTES.get(dtype, 4)
+    return copies, casts, moved
 
 
 def device_peak(device: Any) -> tuple[float, str]:

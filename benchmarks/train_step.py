@@ -1,196 +1,201 @@
-"""Training-step benchmark: radio-lit's DistillationModule in a Lightning Trainer vs plain PyTorch.
+"""radio-lit's training step against a plain PyTorch loop, phase by phase, for any config.
 
-Both sides train the same models (deep copies of one initial state built from
-``configs/quickstart.yaml``: tiny CLIP-, DINOv2- and SAM-architecture teachers, a CPE ViT student,
-PHI-S normalizers fitted once on the batch, AdamW with warm-up + cosine schedule) on the same
-pre-built uint8 batch, in one process, and must produce the same loss at every step:
+Both sides are built from one config by radio-lit's own parser at the config's real widths with
+random weights (``benchmarks/profile_step.py``'s ``build``: pretrained tags and checkpoints
+dropped; ``--teacher-depth K`` shortens every teacher to K blocks, widths kept), and train on
+one batch of the config's data, in one process:
 
-* radio-lit: ``lightning.pytorch.Trainer(...).fit(module, loader)``; per-step wall time is taken
-  from inside the loop by a callback (the time between consecutive ``on_train_batch_start``
-  calls, so every cost of the loop is in it: data fetch, hooks, step, backward, optimizer,
-  scheduler, logging).
-* plain PyTorch: a hand-written loop doing the same math (views, frozen teachers under
-  ``torch.no_grad``, normalizers, student, heads, antialiased bilinear resize, MSE + cosine,
-  backward, ``optimizer.step``, ``zero_grad``, scheduler step), timed at the same point of its loop.
+* **radio-lit**: the config's own Trainer fits the ``DistillationModule`` with the config's
+  callbacks less those that change what a steady-state step does or need a logger (statistics
+  estimation, trunk freezing, checkpoints, LR monitor, evaluation); no logger;
+* **plain PyTorch**: a loop written without radio-lit's step code: the same teacher modules
+  called through their libraries' own forwards (open_clip ``visual.forward_intermediates``,
+  timm ``forward_features``, segment-anything's ``ImageEncoderViT`` with its own attention,
+  transformers ``model(pixel_values=...)``), frozen teachers in their own dtype on inputs of
+  that dtype, without autocast, under ``torch.no_grad``; views by ``F.interpolate(...,
+  antialias=True)``; the fitted normalizers' affine map ``(y - mu) W^T``; copies of the same
+  student (with its σReparam step) and heads at their initial weights, under bf16 autocast when
+  the trainer's precision is ``bf16-mixed``; student maps resized to each teacher's grid;
+  ``F.mse_loss`` and ``1 - F.cosine_similarity`` with the config's weights; ``backward``; a fused
+  ``torch.optim.AdamW`` with the configured optimizer's learning rate, betas, epsilon and weight
+  decay over the same parameter groups (torch has no fused LAMB: AdamW is the nearest fused
+  library optimizer; the configured one is named in the output); the same LR schedule.
 
-The two sides are interleaved step by step ("lockstep", the default): the callback's
-``on_train_batch_start`` hook also runs one step of the plain loop (on its own RNG stream, timed
-on its own and left out of the Trainer's interval), so every Trainer step is paired with a
-plain step taken under the same machine load. Each of ``--repeats`` fits starts from fresh
-copies; the first ``--warmup`` steps of each are discarded. ``--mode separate`` times whole
-runs of each side instead, alternating their order. Peak memory is measured per side in a
-fresh subprocess. The last line printed is ``ratio (radio-lit / plain PyTorch): X.XX``, the
-median over paired steps of the radio-lit step time divided by the plain step time.
+The normalizers are fitted once on the batch before either side runs. Each side runs
+``--warmup`` untimed steps, ``--steps`` timed steps (phase boundaries device-synchronised on
+CUDA) and one profiled step (``torch.profiler`` with shapes), first radio-lit, then the plain
+loop, from the same initial weights and random state (so their first losses agree). Printed per
+phase, radio-lit beside plain: median ms, top-level aten operations, ``aten::copy_`` calls (nested
+ones included), ``aten::_to_copy`` calls (casts), the megabytes those copies read and write, and
+(CUDA) kernel launches; then the first losses, and last the line
+``ratio (radio-lit / plain PyTorch): X.XX`` (median step times).
 
-    python benchmarks/train_step.py            # quickstart model, batch 8; ~1.5 min on 2 CPUs
-    python benchmarks/train_step.py --help
+On ``--device cpu`` a config written for GPUs is run on one CPU process: one device, strategy
+``auto``, precision ``32-true`` and float32 teachers (bf16 matrix products are ~50x slower than
+float32 on CPUs without bf16 instructions), the shipped photographs at the config's crop size,
+batch 2 (``--batch-size``). On ``--device cuda``: one GPU, the config's precision and teacher
+dtypes. Any ``--model.* --trainer.* --data*`` argument overrides these.
+
+    python benchmarks/train_step.py                                   # the quickstart, CPU
+    python benchmarks/train_step.py --config configs/stage1.yaml --teacher-depth 1   # CPU
+    python benchmarks/train_step.py --config configs/stage1.yaml --device cuda       # one GPU
+
+Operation, copy and byte counts do not depend on the machine's load; CPU times do.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
-import json
-import logging
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_QUICKSTART = "quickstart.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.dispatch import count_events  # noqa: E402
+from benchmarks.profile_step import (  # noqa: E402
+    OTHER,
+    Driver,
+    PhaseClock,
+    attribute,
+    build,
+    copy_counts,
+    instrument,
+    start_profile,
+)
+
+#: Callbacks of a config that radio-lit's side keeps (the rest change what a steady-state step
+#: does, write files or need a logger).
+KEPT_CALLBACKS = ("NonFiniteGuard", "RandomStates", "SkippedData", "ImagesPerSecond")
+#: The row of what no named phase covers: Lightning, logging and callbacks; the plain loop's own
+#: lines (batch to the device, zero_grad, scheduler).
+REST = "rest of the step"
+LOCAL_DATA = ("ImageFolderDataModule", "SyntheticDataModule")
+#: Operations listed per phase where the sides differ.
+LISTED = 8
 
 
-# --------------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------------
-def default_config() -> str:
-    """``configs/quickstart.yaml`` of the source tree, else the copy packaged in radio_lit."""
-    repo = Path(__file__).resolve().parents[1] / "configs" / _QUICKSTART
-    if repo.is_file():
-        return str(repo)
-    from importlib import resources
-
-    packaged = Path(str(resources.files("radio_lit") / "configs" / _QUICKSTART))
-    return str(packaged)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+# ------------------------------------------------------------------------------------------
+# command line and building
+# ------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Other arguments (--model.*, --trainer.*, --data...) go to radio-lit's parser.",
     )
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
-    parser.add_argument(
-        "--warmup", type=int, default=5, help="untimed steps at the start of every run (5)"
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=None, help="images per batch (default: the config's, 8)"
-    )
-    parser.add_argument(
-        "--student-resolution",
-        type=int,
-        default=None,
-        help="student input side in pixels (default: the config's, 64)",
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=4, help="interleaved runs per side (default 4)"
-    )
+    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per side (default 3)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
-        "--config",
+        "--teacher-depth",
+        type=int,
         default=None,
-        help="radio-lit config with model and data sections (default: configs/quickstart.yaml)",
+        help="shorten every teacher to this many blocks, widths kept (CPU runs of real configs)",
     )
     parser.add_argument(
-        "--mode",
-        choices=("lockstep", "separate"),
-        default="lockstep",
-        help="lockstep (default): one plain step inside every Trainer step, paired in time; "
-        "separate: whole runs of each side, alternating",
+        "--batch-size",
+        type=int,
+        default=None,
+        help="images per step (default: the config's; 2 on a CPU when its data is replaced)",
     )
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0, help="random state of both first steps")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)"
-    )
-    parser.add_argument(
-        "--no-memory", action="store_true", help="skip the two peak-memory subprocesses"
-    )
-    parser.add_argument(
-        "--no-module-logging",
+        "--teachers-on-fake-cuda",
         action="store_true",
-        help="diagnostic: make the module's self.log / self.log_dict no-ops on the radio-lit "
-        "side, to measure what logging costs",
+        help="instead: each teacher of the config at full size, radio-lit's call under bf16 "
+        "autocast against the plain library call, counted on fake CUDA tensors (no GPU)",
     )
-    parser.add_argument(
-        "--profile",
-        choices=("radio-lit", "plain"),
-        default=None,
-        help="instead of benchmarking, run one side under cProfile and print the top entries",
-    )
-    parser.add_argument("--memory-side", choices=("radio-lit", "plain"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.steps < 2 or args.warmup < 1 or args.repeats < 1:
-        parser.error("--steps must be >= 2, --warmup >= 1 and --repeats >= 1")
-    args.config = args.config or default_config()
+    args, overrides = parser.parse_known_args(argv)
+    args.pretrained = False  # profile_step.build: random weights, nothing loaded
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be >= 1")
     if not Path(args.config).is_file():
         parser.error(f"config {args.config} not found; pass --config PATH")
-    return args
+    return args, overrides
+
+
+def device_overrides(
+    config: dict[str, Any], args: argparse.Namespace
+) -> tuple[list[str], list[str]]:
+    """Overrides that run ``config`` on one device of ``args.device`` (module docstring), and
+    notes saying what they changed."""
+    trainer, model, data = (config.get(k) or {} for k in ("trainer", "model", "data"))
+    out = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.logger=false"]
+    notes: list[str] = []
+    strategy = trainer.get("strategy")
+    strategy_path = strategy.get("class_path", "") if isinstance(strategy, dict) else ""
+    if args.device == "cpu":
+        if strategy not in (None, "auto"):
+            out.append("--trainer.strategy=auto")
+            notes.append("strategy auto (one CPU process)")
+        if str(trainer.get("precision", "32-true")) not in ("32", "32-true"):
+            out.append("--trainer.precision=32-true")
+            notes.append(f"precision 32-true instead of {trainer['precision']}")
+        for name, entry in (model.get("teachers") or {}).items():
+            if (entry.get("init_args") or {}).get("dtype") in ("bfloat16", "float16"):
+                out.append(f"--model.teachers.{name}.init_args.dtype=float32")
+                notes.append(f"teacher {name} in float32")
+    elif strategy_path.endswith("ModelParallelStrategy"):
+        out += [
+            "--trainer.strategy.init_args.data_parallel_size=1",
+            "--trainer.strategy.init_args.tensor_parallel_size=1",
+        ]
+    batch = args.batch_size
+    if not str(data.get("class_path", "")).endswith(LOCAL_DATA):
+        crop = (data.get("init_args") or {}).get("crop_size", 384)
+        out += [
+            "--data=radio_lit.data.ImageFolderDataModule",
+            "--data.init_args.train_dir=radio_lit:sample_images",
+            f"--data.init_args.crop_size={crop}",
+            "--data.init_args.num_workers=0",
+        ]
+        notes.append(f"data: the shipped photographs, {crop} px crops")
+        if batch is None and args.device == "cpu":
+            batch = 2
+    if batch is not None:
+        out.append(f"--data.init_args.batch_size={batch}")
+    return out, notes
+
+
+def return_freed_memory() -> None:
+    """Let glibc give freed tensors back to the OS at once (allocations of 64 KiB and more are
+    mapped, the threshold fixed): a built-then-shortened teacher and the first side's state
+    do not stay resident while the second side runs (shared CPU machines)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform.startswith("linux") and name:
+        ctypes.CDLL(name).mallopt(-3, 65536)  # M_MMAP_THRESHOLD
 
 
 def quiet() -> None:
-    """Keep the output to the benchmark's own lines."""
+    import logging
+    import warnings
+
     warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", ""):
+    for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-# --------------------------------------------------------------------------------------------
-# the setup shared by both sides
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Setup:
-    template: Any  # DistillationModule with fitted normalizers, never trained
-    batch: Any  # [B, 3, S, S] uint8 on the CPU, as a DataLoader yields it
-    device: Any
-    log_every_n_steps: int = 50
-    seed: int = 1234
-    module_logging: bool = True
-
-
-def build(args: argparse.Namespace) -> Setup:
-    """Instantiate model and data from the config with radio-lit's own CLI parser.
-
-    Of the config's trainer section only ``log_every_n_steps`` is kept (logger, callbacks and
-    the rest are not used): each side builds its own loop. Normalizers are fitted once on the
-    batch, so both sides map targets with the same transform and no statistics are estimated
-    while timing.
-    """
-    import torch
-
-    from radio_lit.cli import RadioLitCLI
-    from radio_lit.data.views import as_float_images
-
-    quiet()  # after lightning's import, which sets its loggers to INFO
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    overrides = [
-        "--trainer.logger=false",
-        "--trainer.callbacks=[]",
-        "--trainer.enable_model_summary=false",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.accelerator=cpu",
-    ]
-    if args.batch_size is not None:
-        overrides.append(f"--data.init_args.batch_size={args.batch_size}")
-    if args.student_resolution is not None:
-        overrides.append(f"--model.student_resolution={args.student_resolution}")
-    cli = RadioLitCLI(run=False, args=["--config", args.config, *overrides])
-    module, datamodule = cli.model, cli.datamodule
+def first_batch(cli: Any) -> Any:
+    """One batch of the config's training data (uint8 crops on the CPU)."""
+    datamodule = cli.datamodule
     datamodule.setup("fit")
-    batch = next(iter(datamodule.train_dataloader()))  # shipped photographs, random crops
-
-    device = torch.device(args.device)
-    module.to(device)
-    with torch.no_grad():
-        crop = as_float_images(batch.to(device))
-        for name, out in module.run_teachers(crop).items():
-            normalizer = module.normalizers[name]
-            normalizer.update(out.features.float())
-            normalizer.fit()
-    module.estimate_statistics = module.refit_statistics = False
-    return Setup(
-        template=module,
-        batch=batch,
-        device=device,
-        log_every_n_steps=cli.trainer.log_every_n_steps,  # the config's (quickstart: 5)
-        module_logging=not args.no_module_logging,
-    )
+    return next(iter(datamodule.train_dataloader()))
 
 
 def make_loader(batch: Any, length: int) -> Any:
@@ -207,415 +212,682 @@ def make_loader(batch: Any, length: int) -> Any:
     return DataLoader(SameBatch(), batch_size=None, shuffle=False, num_workers=0)
 
 
+def fit_statistics(module: Any, batch: Any, device: Any) -> None:
+    """Fit every teacher statistic (normalizers; summary dispersions) once on ``batch``'s
+    teacher outputs on the loss grid, and switch estimation off: neither side estimates."""
+    import torch
+
+    from radio_lit.data.views import as_float_images
+    from radio_lit.normalizers.statistics import accumulate_statistics
+
+    module.to(device)
+    module.partitions.place(1, 0)
+    with torch.no_grad():
+        crop = as_float_images(batch.to(device))
+        outputs = [module.chunk_teachers(crop, c) for c in module.partitions.chunks(crop, False)]
+    features = [{n: o.features for n, o in chunk.items()} for chunk in outputs]
+    summaries = [
+        {n: o.summary for n, o in chunk.items() if o.summary is not None} for chunk in outputs
+    ]
+    accumulate_statistics(module.normalizers, features, True, {})
+    accumulate_statistics(module.dispersions, summaries, True, {})
+    module.estimate_statistics = module.refit_statistics = False
+
+
 def synchronizer(device: Any) -> Callable[[], None]:
     import torch
 
-    if device.type == "cuda":
-        return torch.cuda.synchronize
-    return lambda: None
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
-# --------------------------------------------------------------------------------------------
-# plain side: the same math written directly in PyTorch
-# --------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
+# plain side: the libraries' own forwards
+# ------------------------------------------------------------------------------------------
+TeacherForward = Callable[[Any], tuple[Any, Any]]
+
+
+def library_forward(teacher: Any) -> tuple[TeacherForward, str]:
+    """``(forward, label)``: ``forward(view)`` runs ``teacher``'s encoder through its library's
+    own API on a normalized view in the teacher's dtype and returns ``(summary [B, C] or None,
+    features [B, h, w, C])``, as the teacher defines them; ``label`` says which API."""
+    from radio_lit.teachers import OpenCLIPTeacher, SAMTeacher
+    from radio_lit.teachers.tokens import TokenTeacher
+
+    if isinstance(teacher, OpenCLIPTeacher):
+        visual = teacher.model
+
+        def open_clip_forward(view: Any) -> tuple[Any, Any]:
+            out = visual.forward_intermediates(
+                view, indices=1, normalize_intermediates=True, output_fmt="NCHW"
+            )
+            return out["image_features"], out["image_intermediates"][-1].permute(0, 2, 3, 1)
+
+        return open_clip_forward, "open_clip visual.forward_intermediates"
+    if isinstance(teacher, SAMTeacher):
+        return sam_forward(teacher), "segment-anything ImageEncoderViT, its own attention"
+    if isinstance(teacher, TokenTeacher):
+        if getattr(teacher, "backend", "timm") == "timm" and hasattr(
+            teacher.model, "forward_features"
+        ):
+            return timm_forward(teacher), "timm forward_features"
+        return transformers_forward(teacher), "transformers model(pixel_values=...)"
+    return (lambda view: _encode(teacher, view)), f"radio-lit's {type(teacher).__name__}.encode"
+
+
+def _encode(teacher: Any, view: Any) -> tuple[Any, Any]:
+    out = teacher.encode(view)
+    return out.summary, out.features
+
+
+def timm_forward(teacher: Any) -> TeacherForward:
+    net, patch = teacher.model, teacher.patch_size
+    prefix, summary = net.num_prefix_tokens, teacher.summary_source
+
+    def forward(view: Any) -> tuple[Any, Any]:
+        tokens = net.forward_features(view)
+        batch, _, height, width = view.shape
+        features = tokens[:, prefix:].reshape(batch, height // patch, width // patch, -1)
+        if summary == "cls":
+            return tokens[:, 0], features
+        if summary == "pooled":
+            return net.forward_head(tokens, pre_logits=True), features
+        return None, features
+
+    return forward
+
+
+def transformers_forward(teacher: Any) -> TeacherForward:
+    import inspect
+
+    net, patch, summary = teacher.model, teacher.patch_size, teacher.summary_source
+    native = getattr(net.config, "image_size", None)
+    interpolate = "interpolate_pos_encoding" in inspect.signature(net.forward).parameters
+
+    def forward(view: Any) -> tuple[Any, Any]:
+        batch, _, height, width = view.shape
+        kwargs = {}
+        if interpolate and native is not None and (height, width) != (native, native):
+            kwargs["interpolate_pos_encoding"] = True
+        out = net(pixel_values=view, **kwargs)
+        tokens = out.last_hidden_state
+        cells = (height // patch) * (width // patch)
+        features = tokens[:, tokens.shape[1] - cells :].reshape(
+            batch, height // patch, width // patch, -1
+        )
+        if summary == "cls":
+            return tokens[:, 0], features
+        if summary == "pooled":
+            return out.pooler_output, features
+        return None, features
+
+    return forward
+
+
+@contextlib.contextmanager
+def library_classes(encoder: Any) -> Iterator[None]:
+    """segment-anything's own module classes inside ``encoder`` while the block runs (radio-lit
+    gives some of its modules subclasses with other forwards: same parameters, same state)."""
+    from segment_anything.modeling import image_encoder
+
+    swapped = []
+    for module in encoder.modules():
+        for base in type(module).__mro__[1:]:
+            if getattr(image_encoder, base.__name__, None) is base:
+                swapped.append((module, type(module)))
+                module.__class__ = base
+                break
+    try:
+        yield
+    finally:
+        for module, cls in swapped:
+            module.__class__ = cls
+
+
+def sam_forward(teacher: Any) -> TeacherForward:
+    """segment-anything's ``ImageEncoderViT`` (features before the neck, as radio-lit takes
+    them) on views padded to its input or packed ``k x k`` per mosaic (RADIOv2.5 4.3)."""
+    import torch.nn.functional as F
+
+    encoder, canvas, patch = teacher.model, teacher.canvas, teacher.patch_size
+
+    def forward(view: Any) -> tuple[Any, Any]:
+        batch, _, height, width = view.shape
+        k = canvas // height if teacher.mosaic and height == width else 1
+        with library_classes(encoder):
+            if k == 1:
+                padded = F.pad(view, (0, canvas - width, 0, canvas - height))
+                features = encoder(padded).permute(0, 2, 3, 1)
+                return None, features[:, : height // patch, : width // patch]
+            tile = canvas // k // patch * patch
+            count = -(-batch // (k * k))
+            tiles = F.pad(view, (0, tile - width, 0, tile - height, 0, 0, 0, count * k * k - batch))
+            grid = tiles.reshape(count, k, k, 3, tile, tile).permute(0, 3, 1, 4, 2, 5)
+            rest = canvas - k * tile
+            mosaics = F.pad(grid.reshape(count, 3, k * tile, k * tile), (0, rest, 0, rest))
+            maps = encoder(mosaics).permute(0, 2, 3, 1)  # [count, G, G, C]
+        cells, side = tile // patch, height // patch
+        maps = maps[:, : k * cells, : k * cells].reshape(count, k, cells, k, cells, -1)
+        per_view = maps.permute(0, 1, 3, 2, 4, 5).reshape(count * k * k, cells, cells, -1)
+        return None, per_view[:batch, :side, :side]
+
+    return forward
+
+
 def lr_multiplier(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warm-up to 1, then cosine annealing to ``min_ratio`` (the module's schedule)."""
+    """Linear warm-up to 1, then cosine annealing to ``min_ratio`` (the configured schedule)."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class PlainLoop:
-    """A hand-written training loop over ``total`` steps; :meth:`step` runs one iteration.
+class PlainStep:
+    """The plain loop of the module docstring for ``module``'s configuration (one partition,
+    MSE feature and cosine summary losses, fixed weights; C-RADIO's shifts, DAMP and MESA have
+    no plain counterpart and are refused). Built before radio-lit trains: its student and heads
+    are copies of the initial weights; the teachers are shared (frozen)."""
 
-    Deep copies of the template's student, heads, teachers and fitted normalizers, used as plain
-    ``nn.Module`` objects; AdamW (the config's optimizer) over the same decay / no-decay groups;
-    the same LR schedule as ``LambdaLR``; the same DataLoader as the Trainer gets.
-    """
+    def __init__(self, module: Any, batch: Any, device: Any, precision: str, total: int) -> None:
+        import torch
 
-    def __init__(self, setup: Setup, total: int) -> None:
-        from torch.optim.lr_scheduler import LambdaLR
+        from radio_lit.losses import MSE, Cosine, Weighted
+        from radio_lit.optim import parameter_groups
 
-        from radio_lit.losses import MSE, Cosine
-        from radio_lit.optim import weight_decayed
-
-        tpl = setup.template
-        if type(tpl.feature_loss) is not MSE or type(tpl.summary_loss) is not Cosine:
-            raise SystemExit("the plain loop implements MSE feature and cosine summary losses")
-        self.device = setup.device
-        self.student = copy.deepcopy(tpl.student).train()
-        self.heads = copy.deepcopy(tpl.heads).train()
-        self.teachers = copy.deepcopy(tpl.teachers).eval()
-        self.normalizers = copy.deepcopy(tpl.normalizers)
-        self.resolution = tpl.student_resolution
-        self.student_stats = (tpl.student_mean, tpl.student_std)
-        self.teacher_stats = {n: (t.mean, t.std) for n, t in self.teachers.items()}
-        self.token = tpl.summary_token
-        self.feature_weights, self.summary_weights = tpl.feature_weights, tpl.summary_weights
-
-        decay, no_decay = [], []
-        named = [*self.student.named_parameters(), *self.heads.named_parameters()]
-        for name, p in named:
-            (decay if weight_decayed(name, p) else no_decay).append(p)
-        self.optimizer = tpl.optimizer_factory(
-            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        problems = []
+        if len(module.partitions.partitions) != 1:
+            problems.append("more than one model.partitions entry")
+        if type(module.feature_loss) is not MSE or type(module.summary_loss) is not Cosine:
+            problems.append("losses other than MSE (features) and Cosine (summaries)")
+        if type(module.balancer) is not Weighted:
+            problems.append(f"balancer {type(module.balancer).__name__}")
+        step = module.student_step
+        if step.shifts is not None or step.damp is not None or step.mesa is not None:
+            problems.append("model.shifts / damp / mesa")
+        if precision not in ("32-true", "32", "bf16-mixed"):
+            problems.append(f"precision {precision}")
+        if problems:
+            raise SystemExit("the plain loop does not implement: " + "; ".join(problems))
+        self.device, self.batch = device, batch
+        self.mixed = precision == "bf16-mixed"
+        self.student = copy.deepcopy(module.student).train()
+        self.heads = copy.deepcopy(module.heads).train()
+        self.teachers = dict(module.teachers.items())
+        self.forwards, self.apis = {}, {}
+        for name, teacher in self.teachers.items():
+            self.forwards[name], self.apis[name] = library_forward(teacher)
+        self.size = tuple(module.student_resolution)
+        grid = (
+            self.size[0] // module.student.patch_size,
+            self.size[1] // module.student.patch_size,
         )
-        warmup, min_ratio = tpl.warmup_steps, tpl.min_lr_ratio
-        self.scheduler = LambdaLR(
+        self.sizes = {n: tuple(t.view_size(grid)) for n, t in self.teachers.items()}
+
+        def channel(values: Any) -> Any:
+            return torch.tensor(values, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+
+        self.pixels = {n: (channel(t.mean), channel(t.std)) for n, t in self.teachers.items()}
+        self.student_pixels = (channel(module.student_mean), channel(module.student_std))
+        self.affine = {}  # name -> (mu, W, elementwise), or None: the identity
+        for name, normalizer in module.normalizers.items():
+            if not normalizer.requires_statistics:
+                self.affine[name] = None
+                continue
+            self.affine[name] = (
+                normalizer.shift.float().clone(),
+                normalizer.weight.float().clone(),
+                normalizer.elementwise,
+            )
+        self.token = dict(module.summary_token)
+        self.feature_weights = dict(module.feature_weights)
+        self.summary_weights = dict(module.summary_weights)
+
+        named = [*self.student.named_parameters(prefix="student"), *self.heads.named_parameters()]
+        groups = parameter_groups(named)
+        configured = module.optimizer_factory(groups)
+        self.configured = type(configured).__name__
+        d = configured.defaults
+        self.optimizer = torch.optim.AdamW(
+            parameter_groups(named),
+            lr=d["lr"],
+            betas=tuple(d.get("betas", (0.9, 0.999))),
+            eps=d.get("eps", 1e-8),
+            weight_decay=d.get("weight_decay", 0.0),
+            fused=True,
+        )
+        del configured
+        warmup, min_ratio = module.warmup_steps, module.min_lr_ratio
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_multiplier(s, warmup, total, min_ratio)
         )
-        self.batches = iter(make_loader(setup.batch, total))
 
-    @staticmethod
-    def view(crop: Any, size: tuple[int, int], mean: Any, std: Any) -> Any:
-        """radio-lit's resize (kornia, antialiased bilinear) and per-channel normalization."""
-        from radio_lit.data.views import normalize_view, resize_view
-
-        return normalize_view(resize_view(crop, size), mean, std)
-
-    def step(self) -> Any:
-        """One iteration: fetch, forward, loss, backward, optimizer and scheduler steps."""
+    def step(self, number: int, clock: PhaseClock) -> Any:
+        """One training step; phases labelled on ``clock``. Returns the loss (detached)."""
         import torch
         import torch.nn.functional as F
 
+        from radio_lit.student_step import run_seed
         from radio_lit.students.spectral_reparam import spectral_step
 
-        batch = next(self.batches)
-        crop = batch.to(self.device, non_blocking=True).float().div_(255.0)
+        device = self.device
+        batch = self.batch.to(device, non_blocking=True)
+        with clock.phase("views"):
+            crop = batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
+            resized = {}
+            for size in {self.size, *self.sizes.values()}:
+                resized[size] = (
+                    crop
+                    if tuple(crop.shape[-2:]) == size
+                    else F.interpolate(
+                        crop, size=size, mode="bilinear", align_corners=False, antialias=True
+                    )
+                )
+        outputs, targets = {}, {}
         with torch.no_grad():
-            outputs = {
-                n: t.encode(self.view(crop, (t.resolution,) * 2, *self.teacher_stats[n]))
-                for n, t in self.teachers.items()
-            }
-            targets = {n: self.normalizers[n](o.features.float()) for n, o in outputs.items()}
-        with spectral_step(self.student):  # σReparam: once per step, as the training step
-            student = self.student(self.view(crop, self.resolution, *self.student_stats))
-        loss = 0.0
-        for n, out in outputs.items():
-            heads, target = self.heads[n], targets[n]
-            pred = heads.features(student.features)
-            if pred.shape[1:3] != target.shape[1:3]:
-                pred = F.interpolate(
-                    pred.permute(0, 3, 1, 2),
-                    size=target.shape[1:3],
-                    mode="bilinear",
-                    align_corners=False,
-                    antialias=True,  # as radio_lit.grid.resample
-                ).permute(0, 2, 3, 1)
-            loss = loss + self.feature_weights[n] * F.mse_loss(pred, target)
-            if heads.summary is not None and out.summary is not None:
-                summary = heads.summary(student.summary[:, self.token[n]])
-                cos = F.cosine_similarity(summary, out.summary.float(), dim=-1)
-                loss = loss + self.summary_weights[n] * (1.0 - cos).mean()
-        loss.backward()
-        self.optimizer.step()
+            for name, teacher in self.teachers.items():
+                with clock.phase(f"teacher {name}"):
+                    mean, std = self.pixels[name]
+                    view = (resized[self.sizes[name]] - mean) / std
+                    dtype = next(teacher.parameters()).dtype
+                    if teacher.channels_last:
+                        view = view.contiguous(memory_format=torch.channels_last)
+                    summary, features = self.forwards[name](view.to(dtype))
+                    outputs[name] = (None if summary is None else summary.float(), features.float())
+            with clock.phase("normalizers"):
+                for name, (_, features) in outputs.items():
+                    affine = self.affine[name]
+                    if affine is None:
+                        targets[name] = features
+                    else:
+                        shift, weight, elementwise = affine
+                        centered = features - shift
+                        targets[name] = centered * weight if elementwise else centered @ weight.T
+        self.student.begin_step(run_seed(), number)
+        loss = torch.zeros((), device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.mixed):
+            with clock.phase("views"):
+                mean, std = self.student_pixels
+                view = (resized[self.size] - mean) / std
+            with spectral_step(self.student), clock.phase("student forward"):
+                student = self.student(view)
+            for name, (summary_target, _) in outputs.items():
+                heads, target = self.heads[name], targets[name]
+                summary = token = None
+                if heads.summary is not None and summary_target is not None:
+                    with clock.phase("grid matching"):  # where radio-lit picks the token
+                        token = student.summary[:, self.token[name]]
+                with clock.phase(f"head {name}"):
+                    prediction = heads.features(student.features)
+                    if token is not None:
+                        summary = heads.summary(token)
+                with clock.phase("grid matching"):
+                    if prediction.shape[1:3] != target.shape[1:3]:
+                        prediction = F.interpolate(
+                            prediction.permute(0, 3, 1, 2),
+                            size=tuple(target.shape[1:3]),
+                            mode="bilinear",
+                            align_corners=False,
+                            antialias=True,
+                        ).permute(0, 2, 3, 1)
+                with clock.phase("losses"):
+                    term = F.mse_loss(prediction.float(), target)
+                    loss = loss + self.feature_weights[name] * term
+                    if summary is not None:
+                        cosine = F.cosine_similarity(summary.float(), summary_target, dim=-1)
+                        loss = loss + self.summary_weights[name] * (1.0 - cosine).mean()
+        with clock.phase("backward"):
+            loss.backward()
+        with clock.phase("optimizer"):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return loss.detach()
 
 
-# --------------------------------------------------------------------------------------------
-# radio-lit side: a real Lightning Trainer
-# --------------------------------------------------------------------------------------------
-class _RNG:
-    """Save / restore the global RNG (CPU and, on CUDA, the device's) for two interleaved runs."""
+# ------------------------------------------------------------------------------------------
+# the two sides
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Side:
+    """One side's measurements: per-step times, per-step phase times, the profiled step's
+    events, its first loss."""
 
-    def __init__(self, device: Any) -> None:
-        self.cuda = device.type == "cuda"
-
-    def get(self) -> Any:
-        import torch
-
-        return (torch.get_rng_state(), torch.cuda.get_rng_state() if self.cuda else None)
-
-    def set(self, state: Any) -> None:
-        import torch
-
-        torch.set_rng_state(state[0])
-        if self.cuda:
-            torch.cuda.set_rng_state(state[1])
+    step_times: list[float] = field(default_factory=list)
+    phase_times: list[dict[str, float]] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    first_loss: float = float("nan")
 
 
-def fit(setup: Setup, total: int, plain: PlainLoop | None = None) -> dict[str, list[float]]:
-    """``Trainer.fit`` of a fresh copy of the module for ``total + 1`` steps.
-
-    Per-step time of the Trainer: between consecutive ``on_train_batch_start`` calls (the
-    extra last step only closes the last interval). With ``plain``, the same hook also runs
-    one step of the plain loop (lockstep), on its own RNG stream; its duration is measured on
-    its own and taken out of the Trainer's interval.
-    """
+def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -> Side:
+    """``Trainer.fit`` of the built module on ``batch``; the profiler's phases and driver."""
     import lightning.pytorch as pl
     import torch
 
-    sync, rng = synchronizer(setup.device), _RNG(setup.device)
-    result: dict[str, list[Any]] = {"radio-lit": [], "plain": [], "loss": [], "plain_loss": []}
+    side = Side()
+    clock = PhaseClock(synchronizer(device))
+    instrument(cli, clock)
+    driver = Driver(args, clock, device, extras=())
+    seed = args.seed
 
-    class StepTimer(pl.Callback):
-        mark: float | None = None
-        plain_rng: Any = None
+    class FirstStep(pl.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            torch.manual_seed(seed)  # the plain loop's first step draws the same numbers
 
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            sync()
-            now = time.perf_counter()
-            if self.mark is not None:
-                result["radio-lit"].append(now - self.mark)
-            if batch_idx == 0:
-                torch.manual_seed(setup.seed)  # same CPE windows on both sides
-                self.plain_rng = rng.get()
-            if plain is not None and batch_idx < total:
-                lit_rng = rng.get()
-                rng.set(self.plain_rng)
-                start = time.perf_counter()
-                loss = plain.step()
-                sync()
-                result["plain"].append(time.perf_counter() - start)
-                result["plain_loss"].append(loss)
-                self.plain_rng = rng.get()
-                rng.set(lit_rng)
-            self.mark = time.perf_counter()
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *_: Any) -> None:
+            if trainer.global_step == 1:
+                side.first_loss = float(outputs["loss"])
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            result["loss"].append(outputs["loss"].detach())
-
-    module = copy.deepcopy(setup.template)
-    if not setup.module_logging:
-        module.log = module.log_dict = lambda *args, **kwargs: None
-    trainer = pl.Trainer(
-        accelerator=setup.device.type,
-        devices=1,
-        max_steps=total + 1,
-        log_every_n_steps=setup.log_every_n_steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[StepTimer()],
-    )
-    trainer.fit(module, train_dataloaders=make_loader(setup.batch, total + 1))
-    for key in ("loss", "plain_loss"):
-        result[key] = [float(v) for v in result[key][:total]]
-    return result
+    trainer = cli.trainer
+    trainer.callbacks[:] = [c for c in trainer.callbacks if type(c).__name__ in KEPT_CALLBACKS]
+    trainer.callbacks += [FirstStep(), driver.callback()]
+    total = args.warmup + args.steps + 2
+    trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
+    side.step_times, side.phase_times = driver.step_times, driver.phase_times
+    side.events = list(driver.profile.events())
+    for optimizer in trainer.optimizers:  # its state and weights are not needed any more
+        optimizer.state.clear()
+    with contextlib.suppress(RuntimeError):  # FSDP2's sharded parameters cannot move
+        cli.model.student.to("meta")
+        cli.model.heads.to("meta")
+    return side
 
 
-def run_radio_lit(setup: Setup, total: int) -> dict[str, list[float]]:
-    """The Trainer alone (memory measurement, profiling, ``--mode separate``)."""
-    return fit(setup, total)
-
-
-def run_plain(setup: Setup, total: int) -> dict[str, list[float]]:
-    """The plain loop alone, for ``total + 1`` steps like the Trainer (same LR schedule)."""
+def run_plain(plain: PlainStep, args: argparse.Namespace, device: Any) -> Side:
+    """The plain loop: warm-up, timed and profiled steps, as radio-lit's side."""
     import torch
 
-    loop, sync = PlainLoop(setup, total + 1), synchronizer(setup.device)
-    times, losses = [], []
-    for step in range(total + 1):
-        if step == 0:
-            torch.manual_seed(setup.seed)
+    side, sync = Side(), synchronizer(device)
+    clock = PhaseClock(sync)
+    timed = args.warmup + args.steps
+    torch.manual_seed(args.seed)
+    for number in range(timed + 1):
+        mode = "time" if args.warmup <= number < timed else ("profile" if number == timed else None)
+        clock.mode = mode
+        clock.times.clear()
+        profile = start_profile(device) if mode == "profile" else None
         sync()
         start = time.perf_counter()
-        losses.append(loop.step())
+        loss = plain.step(number, clock)
         sync()
-        times.append(time.perf_counter() - start)
-    return {"plain": times[:total], "loss": [float(v) for v in losses[:total]]}
+        spent = time.perf_counter() - start
+        clock.mode = None
+        if number == 0:
+            side.first_loss = float(loss)
+        if mode == "time":
+            side.step_times.append(spent)
+            side.phase_times.append(dict(clock.times))
+        elif profile is not None:
+            profile.__exit__(None, None, None)
+            side.events = list(profile.events())
+    return side
 
 
-SIDES = {"radio-lit": run_radio_lit, "plain": run_plain}
+# ------------------------------------------------------------------------------------------
+# the table
+# ------------------------------------------------------------------------------------------
+@dataclass
+class PhaseRow:
+    ms: float = 0.0
+    top: int = 0
+    copies: int = 0
+    casts: int = 0
+    bytes: int = 0
+    launches: int = 0
+    names: Counter[str] = field(default_factory=Counter)  # top-level operations by name
 
 
-# --------------------------------------------------------------------------------------------
-# peak memory: one fresh process per side
-# --------------------------------------------------------------------------------------------
-def _proc_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def measure_memory(args: argparse.Namespace) -> None:
-    """Child process: build, then report the peak memory growth of one run of one side.
-
-    The peak resident set size (VmHWM) is reset through ``/proc/self/clear_refs`` once the
-    models, the batch and the fitted normalizers exist; the result is the VmHWM after the run
-    minus the VmRSS before it. The parent sets ``MALLOC_MMAP_THRESHOLD_`` so that glibc
-    returns freed tensor memory to the OS at once (RSS then follows live memory instead of
-    glibc's adaptive caching). On CUDA, ``torch.cuda.max_memory_allocated`` growth as well.
-    """
-    import torch
-
-    setup = build(args)
-    total = args.warmup + args.steps
-    cuda = setup.device.type == "cuda"
-    result: dict[str, Any] = {"side": args.memory_side}
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        cuda_base = torch.cuda.memory_allocated()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-    base_kib = _proc_status_kib("VmRSS")
-    SIDES[args.memory_side](setup, total)
-    result["rss_peak_mib"] = (_proc_status_kib("VmHWM") - base_kib) / 1024
-    if cuda:
-        torch.cuda.synchronize()
-        result["cuda_peak_mib"] = (torch.cuda.max_memory_allocated() - cuda_base) / 2**20
-    print(json.dumps(result))
-
-
-def memory_in_subprocesses(args: argparse.Namespace) -> dict[str, dict[str, float] | None]:
-    """Run :func:`measure_memory` for both sides in fresh processes (concurrently)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    children = {}
-    for side in SIDES:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--memory-side", side]
-        for flag in (
-            "steps",
-            "warmup",
-            "batch_size",
-            "student_resolution",
-            "device",
-            "config",
-            "threads",
-        ):
-            value = getattr(args, flag)
-            if value is not None:
-                argv += [f"--{flag.replace('_', '-')}", str(value)]
-        children[side] = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+def phase_rows(side: Side) -> dict[str, PhaseRow]:
+    """Per phase (and ``"step"``): median time, and the profiled step's counts."""
+    by_phase = {(REST if k == OTHER else k): v for k, v in attribute(side.events).items()}
+    times = [{(REST if k == OTHER else k): v for k, v in t.items()} for t in side.phase_times]
+    names = {*by_phase, *(k for t in times for k in t)}
+    rows = {}
+    step = statistics.median(side.step_times)
+    for name in names:
+        events = by_phase.get(name, [])
+        copies, casts, moved = copy_counts(events)
+        count = count_events(events)
+        rows[name] = PhaseRow(
+            ms=1e3 * statistics.median(t.get(name, 0.0) for t in times),
+            top=count.top_level,
+            names=count.by_name,
+            copies=copies,
+            casts=casts,
+            bytes=moved,
+            launches=sum(1 for e in events if "LaunchKernel" in e.name),
         )
-    results: dict[str, dict[str, float] | None] = {}
-    for side, child in children.items():
-        out, err = child.communicate()
-        if child.returncode != 0:
-            print(f"  memory subprocess ({side}) failed:\n{err[-2000:]}", file=sys.stderr)
-            results[side] = None
-        else:
-            results[side] = json.loads(out.strip().splitlines()[-1])
-    return results
+    rows.setdefault(REST, PhaseRow())
+    rows[REST].ms = max(0.0, 1e3 * step - sum(r.ms for n, r in rows.items() if n != REST))
+    total = PhaseRow(ms=1e3 * step)
+    for row in rows.values():
+        total.top += row.top
+        total.copies += row.copies
+        total.casts += row.casts
+        total.bytes += row.bytes
+        total.launches += row.launches
+    rows["step"] = total
+    return rows
 
 
-# --------------------------------------------------------------------------------------------
-# profiling helper (investigations; not part of the benchmark numbers)
-# --------------------------------------------------------------------------------------------
-def profile(args: argparse.Namespace, setup: Setup) -> None:
-    import cProfile
-    import pstats
-
-    total = args.warmup + args.steps
-    SIDES[args.profile](setup, args.warmup)  # warm caches outside the profile
-    prof = cProfile.Profile()
-    prof.enable()
-    SIDES[args.profile](setup, total)
-    prof.disable()
-    stats = pstats.Stats(prof).strip_dirs().sort_stats("cumulative")
-    stats.print_stats(45)
-    stats.sort_stats("tottime").print_stats(25)
+def _order(name: str) -> tuple[int, str]:
+    prefixes = ("views", "teacher ", "student forward", "head ", "grid matching", "normalizers")
+    prefixes += ("losses", "backward", "optimizer", "guard", "data wait", REST, "step")
+    for i, prefix in enumerate(prefixes):
+        if name.startswith(prefix):
+            return i, name
+    return len(prefixes) - 3, name  # other named phases (e.g. C-RADIO's) before the rest
 
 
-# --------------------------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------------------------
+def table(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow], cuda: bool) -> str:
+    """Both sides per phase: ``lit`` / ``plain`` columns of each quantity."""
+    header = ["phase", "ms lit", "ms plain", "x", "top lit", "top plain", "copy_ lit"]
+    header += ["copy_ plain", "cast lit", "cast plain", "MB lit", "MB plain"]
+    header += ["launch lit", "launch plain"] if cuda else []
+    widths = [22] + [max(9, len(h)) for h in header[1:]]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    for name in sorted({*lit, *plain}, key=_order):
+        a, b = lit.get(name, PhaseRow()), plain.get(name, PhaseRow())
+        ratio = f"{a.ms / b.ms:.2f}" if b.ms > 0 else "-"
+        cells = [name, f"{a.ms:.1f}", f"{b.ms:.1f}", ratio, a.top, b.top, a.copies, b.copies]
+        cells += [a.casts, b.casts, f"{a.bytes / 1e6:.1f}", f"{b.bytes / 1e6:.1f}"]
+        cells += [a.launches, b.launches] if cuda else []
+        lines.append(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# teachers at full size, counted on fake CUDA tensors
+# ------------------------------------------------------------------------------------------
+def random_weights(entry: dict[str, Any]) -> dict[str, Any]:
+    """A teacher's config entry with nothing to load: random weights, as profile_step's."""
+    init = dict(entry.get("init_args") or {})
+    kind = entry["class_path"].rsplit(".", 1)[-1]
+    if "pretrained" in init:
+        init["pretrained"] = False if isinstance(init["pretrained"], bool) else None
+    elif kind in ("DINOv2Teacher", "DINOv3Teacher", "TimmTeacher", "TransformersTeacher"):
+        init["pretrained"] = False
+    if init.get("checkpoint"):
+        init["checkpoint"] = None
+    if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
+        init["model"] = init["model"].split(".")[0]  # no pretrained tag
+    return {"class_path": entry["class_path"], "init_args": init}
+
+
+def meta_teachers(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's teachers at full size on the meta device (shapes only, nothing
+    allocated; open_clip's final move to a device is skipped, it cannot move meta tensors)."""
+    from unittest import mock
+
+    import torch
+    from lightning.pytorch.cli import instantiate_class
+
+    teachers = {}
+    skip_move = mock.patch(
+        "open_clip.factory._set_model_device_and_precision", lambda *a, **k: None
+    )
+    for name, entry in ((config.get("model") or {}).get("teachers") or {}).items():
+        with torch.device("meta"), skip_move:
+            teachers[name] = instantiate_class((), random_weights(entry))
+    return teachers
+
+
+def teachers_on_fake_cuda(args: argparse.Namespace) -> None:
+    """Each teacher of ``args.config`` at full size on a batch of the config's size: radio-lit's
+    ``Teacher.__call__`` under CUDA bf16 autocast (as ``bf16-mixed`` runs it) and the plain
+    library call without autocast, counted by ``benchmarks/fake_cuda.py``."""
+    import yaml
+
+    from benchmarks.fake_cuda import FakeCuda
+    from radio_lit.grid import student_input_size
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    model, data = config.get("model") or {}, (config.get("data") or {}).get("init_args") or {}
+    batch = args.batch_size or data.get("batch_size", 32)
+    side = student_input_size(model.get("student_resolution", 256), 16)
+    patch = 16  # the student's grid: the stage configs' ViT-*/16 students
+    grid = (side[0] // patch, side[1] // patch)
+    mixed = str((config.get("trainer") or {}).get("precision", "32-true")) == "bf16-mixed"
+    print(f"config {args.config}: teachers at full size, batch {batch}, fake CUDA tensors")
+    print(f"radio-lit: Teacher(crop) under CUDA bf16 autocast: {mixed}; plain: library call")
+    header = ["teacher", "ops lit", "ops plain", "casts lit", "casts plain", "copies lit"]
+    header += ["copies plain", "MB lit", "MB plain"]
+    widths = [22] + [max(9, len(h)) for h in header[1:]]
+    print(
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    )
+    for name, teacher in meta_teachers(config).items():
+        size = tuple(teacher.view_size(grid))
+        dtype = next(teacher.parameters()).dtype
+        forward, _ = library_forward(teacher)
+        with FakeCuda() as fake:
+            state = fake.state(teacher)
+            crop = fake.empty(batch, 3, *size)
+            _, lit = fake.run(teacher, state, (crop, size), autocast=mixed, warm=True)
+            view = fake.empty(batch, 3, *size, dtype=dtype)
+            _, plain = fake.run(teacher, state, (view,), autocast=False, fn=forward)
+        cells = [f"{name} {size[0]}px", lit.total, plain.total, lit.casts, plain.casts]
+        cells += [lit.copies, plain.copies, f"{lit.moved / 1e6:.0f}", f"{plain.moved / 1e6:.0f}"]
+        print(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+        )
+    print(
+        "ops: aten operations dispatched below autograd and autocast (views included); casts: "
+        "aten::_to_copy; copies: aten::clone and aten::copy_; MB read + written by both"
+    )
+
+
+def differences(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow]) -> list[str]:
+    """For each phase whose top-level operations differ by more than 10 % between the sides,
+    the operations whose counts differ (``name radio-lit/plain``)."""
+    lines = []
+    for name in sorted({*lit, *plain} - {"step"}, key=_order):
+        a, b = lit.get(name, PhaseRow()), plain.get(name, PhaseRow())
+        if abs(a.top - b.top) <= 0.1 * max(b.top, 1):
+            continue
+        ops = sorted(
+            (op for op in {*a.names, *b.names} if a.names[op] != b.names[op]),
+            key=lambda op: -abs(a.names[op] - b.names[op]),
+        )
+        listed = ", ".join(
+            f"{op.removeprefix('aten::')} {a.names[op]}/{b.names[op]}" for op in ops[:8]
+        )
+        more = f" (+{len(ops) - LISTED} more)" if len(ops) > LISTED else ""
+        lines.append(f"  {name}: {listed}{more}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    quiet()
-    if args.memory_side:
-        measure_memory(args)
-        return
+    import yaml
 
-    import lightning
+    args, user_overrides = parse_args(argv)
+    return_freed_memory()
     import torch
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.teachers_on_fake_cuda:
+        quiet()
+        teachers_on_fake_cuda(args)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
-    setup = build(args)
-    if args.profile:
-        profile(args, setup)
-        return
+    quiet()
+    config = yaml.safe_load(Path(args.config).read_text())
+    overrides, notes = device_overrides(config, args)
+    # the profiled step, and one more: the last step logs (radio_lit.metrics.logging), so the
+    # profiled one is a step like most of a run's
+    cli = build(args, [*overrides, *user_overrides], extra_steps=2)
+    quiet()
+    device = torch.device(args.device)
+    module = cli.model
+    batch = first_batch(cli)
+    fit_statistics(module, batch, device)
+    precision = str(cli.trainer.precision)
+    total = args.warmup + args.steps + 1
+    plain = PlainStep(module, batch, device, precision, total)
 
-    tpl = setup.template
-    batch_size = setup.batch.shape[0]
+    shape = tuple(batch.shape)
+    print(f"config {args.config}; device {args.device}; precision {precision}; batch {shape}")
+    for note in notes:
+        print(f"note: {note}")
+    if args.teacher_depth is not None:
+        print(f"note: teachers shortened to {args.teacher_depth} blocks, widths kept")
+    print("note: random weights (nothing loaded)")
+    for name, api in plain.apis.items():
+        print(f"plain teacher {name}: {api}")
+    print(f"plain optimizer: fused torch.optim.AdamW (configured: {plain.configured})")
+
+    lit = run_radio_lit(cli, args, batch, device)
+    gc.collect()
+    plain_side = run_plain(plain, args, device)
+    cuda = device.type == "cuda"
+    lit_rows, plain_rows = phase_rows(lit), phase_rows(plain_side)
+    print()
+    print(table(lit_rows, plain_rows, cuda))
+    detail = differences(lit_rows, plain_rows)
+    if detail:
+        print("\ntop-level operations (radio-lit/plain) in phases more than 10 % apart:")
+        print("\n".join(detail))
     print(
-        f"config {args.config}\n"
-        f"torch {torch.__version__}, lightning {lightning.__version__}, device {args.device}, "
-        f"{torch.get_num_threads()} threads\n"
-        f"batch {tuple(setup.batch.shape)} uint8, student {tpl.student_resolution[0]} px "
-        f"({sum(p.numel() for p in tpl.student.parameters()) / 1e6:.2f} M params), teachers "
-        + ", ".join(f"{n} {t.resolution} px" for n, t in tpl.teachers.items())
-        + f"\n{args.repeats} repeats x {args.steps} timed steps (+{args.warmup} warm-up) "
-        f"per side, {args.mode}"
-        + ("; radio-lit module logging OFF (diagnostic)" if args.no_module_logging else "")
+        f"\nmedian of {args.steps} timed steps after {args.warmup} warm-up; counts of one "
+        "profiled step; copy_ includes nested copies (casts, contiguous, clone); MB read + "
+        "written by copy_"
     )
-
-    total = args.warmup + args.steps
-    times: dict[str, list[float]] = {side: [] for side in SIDES}
-    overheads: list[float] = []  # radio-lit minus plain: per step (lockstep) or per repeat
-    ratios: list[float] = []  # radio-lit over plain: per step (lockstep) or per repeat
-    max_loss_diff, first_loss = 0.0, float("nan")
-    load_before = os.getloadavg()[0]
-    for repeat in range(args.repeats):
-        gc.collect()  # the previous repeat's Trainer and copies (reference cycles), untimed
-        if args.mode == "lockstep":
-            run = fit(setup, total, PlainLoop(setup, total + 1))
-            runs = {"radio-lit": run, "plain": run}
-            lit_loss, plain_loss = run["loss"], run["plain_loss"]
-        else:  # separate runs, alternating which side goes first
-            order = list(SIDES) if repeat % 2 == 0 else list(SIDES)[::-1]
-            runs = {side: SIDES[side](setup, total) for side in order}
-            lit_loss, plain_loss = runs["radio-lit"]["loss"], runs["plain"]["loss"]
-        timed = {side: runs[side][side][args.warmup : total] for side in SIDES}
-        medians = {side: statistics.median(timed[side]) for side in SIDES}
-        for side in SIDES:
-            times[side] += timed[side]
-        if args.mode == "lockstep":
-            pairs = list(zip(timed["radio-lit"], timed["plain"], strict=True))
-            overheads += [a - b for a, b in pairs]
-            ratios += [a / b for a, b in pairs]
-            repeat_ratio = statistics.median(a / b for a, b in pairs)
-        else:
-            overheads.append(medians["radio-lit"] - medians["plain"])
-            ratios.append(medians["radio-lit"] / medians["plain"])
-            repeat_ratio = ratios[-1]
-        max_loss_diff = max(
-            max_loss_diff, *(abs(a - b) for a, b in zip(lit_loss, plain_loss, strict=True))
-        )
-        first_loss = plain_loss[0]
+    if device.type == "cpu":
         print(
-            f"  repeat {repeat + 1}: radio-lit {medians['radio-lit'] * 1e3:7.2f} ms, "
-            f"plain {medians['plain'] * 1e3:7.2f} ms, "
-            f"ratio {repeat_ratio:.3f}"
+            f"CPU times ({torch.get_num_threads()} threads) move with the machine's load; the "
+            "counts do not"
         )
-    load_after = os.getloadavg()[0]
-    print(
-        f"same math: max |loss(radio-lit) - loss(plain)| over all steps = {max_loss_diff:.3g} "
-        f"(first loss {first_loss:.4f})"
+    difference = abs(lit.first_loss - plain_side.first_loss) / max(
+        abs(plain_side.first_loss), 1e-12
     )
     print(
-        f"load average (1 min) {load_before:.2f} before, {load_after:.2f} after timing "
-        f"on {os.cpu_count()} CPUs"
+        f"first loss: radio-lit {lit.first_loss:.6g}, plain {plain_side.first_loss:.6g} "
+        f"(relative difference {difference:.2e})"
     )
-
-    memory = {} if args.no_memory else memory_in_subprocesses(args)
-
-    print(f"{'':<14}{'median step':>14}{'images/s':>11}{'peak memory growth':>24}")
-    for side, label in (("radio-lit", "radio-lit"), ("plain", "plain PyTorch")):
-        median = statistics.median(times[side])
-        mem = memory.get(side)
-        if mem is None:
-            mem_text = "n/a"
-        elif "cuda_peak_mib" in mem:
-            mem_text = f"{mem['cuda_peak_mib']:.1f} MiB CUDA"
-        else:
-            mem_text = f"+{mem['rss_peak_mib']:.1f} MiB RSS"
-        print(f"{label:<14}{median * 1e3:>11.2f} ms{batch_size / median:>11.1f}{mem_text:>24}")
-    unit = "paired steps" if args.mode == "lockstep" else "repeats"
+    step_lit = statistics.median(lit.step_times)
+    step_plain = statistics.median(plain_side.step_times)
+    images = batch.shape[0]
     print(
-        f"overhead per step: {statistics.median(overheads) * 1e3:.2f} ms "
-        f"(median of radio-lit - plain over {len(overheads)} {unit})"
+        f"images/s: radio-lit {images / step_lit:.2f}, plain {images / step_plain:.2f} "
+        f"(batch {images})"
     )
-    print(f"ratio (radio-lit / plain PyTorch): {statistics.median(ratios):.2f}")
+    print(f"ratio (radio-lit / plain PyTorch): {step_lit / step_plain:.2f}")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def match_teachers(
         summary = summary_target = None
         if pair.summary is not None and out.summary is not None:
             summary = pair.summary(student.summary[:, summary_token[name]])
-            summary_target = out.summary.float()
+            summary_target = as_float32(out.summary)
         features, seen = pair.features(student.features), None
         if student_shift is not None:
             features, seen = to_crop_frame(features, student_shift)
@@ -224,5 +224,13 @@ def balanced_loss(
     """
     if observe:
         balancer.observe(terms, [chunk.fraction for chunk in chunks])
-    losses = [chunk.weight * balancer(t) for chunk, t in zip(chunks, terms, strict=True)]
-    return torch.stack(losses).sum()
+    losses = [
+        balancer(t) if chunk.weight == 1 else chunk.weight * balancer(t)
+        for chunk, t in zip(chunks, terms, strict=True)
+    ]
+    return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+
+
+def as_float32(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32, cast only if it is not (cached outputs may be bf16)."""
+    return tensor if tensor.dtype == torch.float32 else tensor.float()

@@ -26,22 +26,26 @@ from radio_lit.errors import TrainingStopped
 from radio_lit.module import DistillationModule
 
 
+@torch.no_grad()
 def finite_flag(tensors: Iterable[Tensor]) -> Tensor | None:
     """``1.0`` on the tensors' device when every element of ``tensors`` is finite, else ``0.0``:
-    one fused norm, nothing read on the host; ``None`` without floating-point tensors.
+    a few fused operations whatever the number of tensors, nothing read on the host; ``None``
+    without floating-point tensors.
 
-    The 2-norm of the per-tensor norms is NaN or Inf as soon as one element is. A sharded
-    tensor (FSDP2's ``DTensor``) is checked through its local shard.
+    The 2-norm of the per-tensor norms is NaN or Inf as soon as one element is. One
+    ``torch._foreach_norm`` per (device, dtype) group (its fused multi-tensor kernel needs one
+    dtype), a sharded tensor (FSDP2's ``DTensor``) through its local shard, read in place.
     """
-    floats = [
-        (t.to_local() if isinstance(t, DTensor) else t).detach()
-        for t in tensors
-        if t.is_floating_point()
-    ]
-    if not floats:
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for tensor in tensors:
+        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        if local.is_floating_point():
+            groups.setdefault((local.device, local.dtype), []).append(local)
+    if not groups:
         return None
-    norms = torch._foreach_norm(floats)
-    return torch.isfinite(torch.linalg.vector_norm(torch.stack(norms).float())).float()
+    norms = [norm for group in groups.values() for norm in torch._foreach_norm(group)]
+    total = torch.linalg.vector_norm(torch.stack(norms), dtype=torch.float32)
+    return torch.isfinite(total).float()
 
 
 def all_ranks_finite(trainer: pl.Trainer, tensors: Iterable[Tensor]) -> bool:

@@ -9,8 +9,14 @@ that image's positions and channels), for balancers that weigh images separately
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def _float(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 (losses are computed in it), cast only if it is not."""
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
 def _check_shapes(pred: Tensor, target: Tensor) -> None:
@@ -40,8 +46,8 @@ class MSE(Loss):
     def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
         _check_shapes(pred, target)
         if per_sample:
-            return _per_sample_mean(F.mse_loss(pred.float(), target.float(), reduction="none"))
-        return F.mse_loss(pred.float(), target.float())
+            return _per_sample_mean(F.mse_loss(_float(pred), _float(target), reduction="none"))
+        return F.mse_loss(_float(pred), _float(target))
 
 
 class Cosine(Loss):
@@ -52,7 +58,7 @@ class Cosine(Loss):
 
     def forward(self, pred: Tensor, target: Tensor, per_sample: bool = False) -> Tensor:
         _check_shapes(pred, target)
-        distance = 1.0 - F.cosine_similarity(pred.float(), target.float(), dim=-1)
+        distance = 1.0 - F.cosine_similarity(_float(pred), _float(target), dim=-1)
         return _per_sample_mean(distance) if per_sample else distance.mean()
 
 
@@ -78,9 +84,9 @@ class _SmoothL1(Loss):
         _check_shapes(pred, target)
         if per_sample:
             return _per_sample_mean(
-                F.smooth_l1_loss(pred.float(), target.float(), reduction="none")
+                F.smooth_l1_loss(_float(pred), _float(target), reduction="none")
             )
-        return F.smooth_l1_loss(pred.float(), target.float())
+        return F.smooth_l1_loss(_float(pred), _float(target))
 
 
 class HybridMSE(_Hybrid):

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["Normalizer"]
@@ -207,7 +208,7 @@ class Normalizer(nn.Module):
         Returns:
             ``[..., dim]`` targets in ``x``'s dtype (computed in at least float32).
         """
-        return self._transform(x, lambda y: self._linear(y - self.shift.to(y), self.weight))
+        return self._transform(x, lambda y: self._linear(y - _like(self.shift, y), self.weight))
 
     def inverse(self, y: Tensor) -> Tensor:
         """Denormalize: ``y = Θ y' + mu``, equal to ``y' @ theta.T + mu`` from :meth:`affine`.
@@ -218,7 +219,7 @@ class Normalizer(nn.Module):
         Returns:
             ``[..., dim]`` values in the teacher's space, in ``y``'s dtype.
         """
-        return self._transform(y, lambda z: self._linear(z, self.theta) + self.shift.to(z))
+        return self._transform(y, lambda z: self._linear(z, self.theta) + _like(self.shift, z))
 
     def affine(self) -> tuple[Tensor, Tensor]:
         """The exact denormalization ``(theta, mu)`` of PHI-S A.6 (eqs. 45-50), float64.
@@ -234,16 +235,19 @@ class Normalizer(nn.Module):
         return theta, self.shift.clone()
 
     def _linear(self, x: Tensor, matrix: Tensor) -> Tensor:
-        matrix = matrix.to(x)
-        return x * matrix if self.elementwise else x @ matrix.T
+        matrix = _like(matrix, x)
+        return x * matrix if self.elementwise else F.linear(x, matrix)
 
     def _transform(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """Apply ``fn`` to ``x`` outside autocast, in at least float32; cast back."""
+        """Apply ``fn`` to ``x`` outside autocast, in at least float32; cast back (casts only
+        where the dtype differs: float32 targets take two operations, the centring and the
+        product)."""
         self._check_dim(x)
         self._check_fitted()
         with torch.autocast(device_type=x.device.type, enabled=False):
-            out = fn(x.to(torch.promote_types(x.dtype, torch.float32)))
-        return out.to(x.dtype)
+            wide = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+            out = fn(_like(x, wide))
+        return _like(out, x.dtype)
 
     def _check_dim(self, x: Tensor) -> None:
         if x.ndim == 0 or x.shape[-1] != self.dim:
@@ -284,6 +288,13 @@ class Normalizer(nn.Module):
             return out if out.dtype == t.dtype else t.to(device=out.device)
 
         return super()._apply(keep_dtype, recurse)
+
+
+def _like(t: Tensor, like: Tensor | torch.dtype) -> Tensor:
+    """``t`` in ``like``'s dtype (and device, for a tensor), cast only if they differ."""
+    dtype = like if isinstance(like, torch.dtype) else like.dtype
+    device = t.device if isinstance(like, torch.dtype) else like.device
+    return t if (t.dtype, t.device) == (dtype, device) else t.to(device=device, dtype=dtype)
 
 
 def broadcast_buffers(module: nn.Module, source: int) -> None:

@@ -201,7 +201,12 @@ class Teacher(nn.Module):
         is the view's ``(H, W)`` (default: the native resolution, see :meth:`view_size`).
 
         A teacher held in a lower precision (``dtype: bfloat16``) gets its view in that
-        precision and returns float32 outputs, so the targets' statistics are unaffected.
+        precision, runs in it with autocast disabled and returns float32 outputs, so the
+        targets' statistics are unaffected. Without autocast its layer norms and softmaxes run
+        in its own dtype (accumulating in float32 inside the kernels), not as the float32
+        islands that a surrounding ``bf16-mixed`` autocast would make of them, each with casts
+        of its input, weight and bias and back (README "Teachers on a GPU"). A float32 teacher
+        keeps the caller's autocast (its matrix products then run in bf16).
         """
         view = self.view(crop, size)
         if self.channels_last:
@@ -209,7 +214,8 @@ class Teacher(nn.Module):
         weight = next(self.parameters(), None)
         if weight is None or weight.dtype in (torch.float32, torch.float64):
             return self.run_encoder(view)
-        out = self.run_encoder(view.to(weight.dtype))
+        with torch.autocast(view.device.type, enabled=False):
+            out = self.run_encoder(view.to(weight.dtype))
         summary = None if out.summary is None else out.summary.float()
         return TeacherOutput(summary=summary, features=out.features.float())
 

@@ -80,12 +80,11 @@ def pack(views: Tensor, layout: MosaicLayout) -> Tensor:
     batch, channels = views.shape[:2]
     k, tile = layout.k, layout.tile
     pad = layout.padding
-    tiles = F.pad(views, (0, pad, 0, pad))  # [B, 3, tile, tile]
     count = layout.mosaics(batch)
     missing = count * layout.per_mosaic - batch
-    if missing:
-        tiles = F.pad(tiles, (0, 0, 0, 0, 0, 0, 0, missing))
-    grid = tiles.reshape(count, k, k, channels, tile, tile).permute(0, 3, 1, 4, 2, 5)
+    if pad or missing:  # one pass: each view to its tile, empty tiles for the last mosaic
+        views = F.pad(views, (0, pad, 0, pad, 0, 0, 0, missing))  # [count * k^2, 3, tile, tile]
+    grid = views.reshape(count, k, k, channels, tile, tile).permute(0, 3, 1, 4, 2, 5)
     mosaics = grid.reshape(count, channels, k * tile, k * tile)
     rest = layout.canvas - k * tile
     return F.pad(mosaics, (0, rest, 0, rest)) if rest else mosaics

@@ -97,3 +97,22 @@ def test_a_non_finite_gradient_on_one_rank_stops_every_rank(tmp_path):
     """The ranks' finiteness flags are reduced on the device (their minimum) and read once."""
     verdicts = run_gloo_workers(Path(__file__).with_name("guard_worker.py"), tmp_path)
     assert verdicts == [[False, True], [False, True]]
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+def test_the_finiteness_check_sees_any_element_of_any_dtype_in_a_few_operations(bad):
+    """One value in one of 200 gradients (float32 and bf16) makes the flag 0; the check
+    dispatches 6 top-level operations whatever the number of tensors (one fused norm per dtype,
+    no per-tensor ``detach``)."""
+    from benchmarks.dispatch import count_operations
+    from radio_lit.callbacks.guard import finite_flag
+
+    grads = [torch.randn(8, 8) for _ in range(150)] + [
+        torch.randn(16).bfloat16() for _ in range(50)
+    ]
+    if bad is not None:
+        grads[170][3] = bad
+    flag, count = count_operations(lambda: finite_flag(grads))
+    assert flag.item() == (0.0 if bad is not None else 1.0)
+    assert count.top_level <= 6, count.by_name
+    assert finite_flag([torch.zeros(3, dtype=torch.long)]) is None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import kornia
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from radio_lit.data import as_float_images, normalize_view, resize_view, teacher_view
 
@@ -57,12 +58,36 @@ def test_normalize_is_per_channel() -> None:
     torch.testing.assert_close(result, expected)
 
 
-@pytest.mark.parametrize(("shape", "size"), [((8, 3, 128, 128), 64), ((2, 3, 448, 320), (61, 97))])
-def test_resize_is_kornias_antialiased_bilinear_bit_for_bit(shape, size) -> None:
-    """The CPU path runs kornia on a channels-last copy (faster blur); the view is the same
-    numbers, in the usual contiguous layout."""
+@pytest.mark.parametrize(("shape", "size"), [((2, 3, 128, 128), 56), ((1, 3, 448, 320), (61, 97))])
+def test_resize_is_pils_antialiased_bilinear(shape, size) -> None:
+    """The view is PIL's ``BILINEAR`` resize (a triangle filter widened by the scale factor when
+    shrinking), which the teachers' own preprocessing uses, computed on float images."""
     crop = torch.rand(shape, generator=torch.Generator().manual_seed(0))
-    hw = (size, size) if isinstance(size, int) else size
-    expected = kornia.geometry.transform.resize(crop, hw, interpolation="bilinear", antialias=True)
+    height, width = (size, size) if isinstance(size, int) else size
+    expected = torch.stack(
+        [
+            torch.stack(
+                [
+                    torch.from_numpy(
+                        np.asarray(
+                            Image.fromarray(channel.numpy(), mode="F").resize(
+                                (width, height), Image.BILINEAR
+                            )
+                        ).copy()
+                    )
+                    for channel in image
+                ]
+            )
+            for image in crop
+        ]
+    )
     view = resize_view(crop, size)
-    assert torch.equal(view, expected) and view.is_contiguous()
+    assert view.shape == (shape[0], 3, height, width) and view.is_contiguous()
+    torch.testing.assert_close(view, expected, atol=2e-5, rtol=0)
+
+
+def test_normalize_equals_subtracting_and_dividing() -> None:
+    view = torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(1))
+    mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    expected = (view - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    torch.testing.assert_close(normalize_view(view, mean, std), expected, atol=1e-6, rtol=0)

@@ -1,0 +1,46 @@
+"""benchmarks/train_step.py: radio-lit's step beside a plain PyTorch loop on the quickstart,
+per phase, with the same first loss."""
+
+import logging
+
+import pytest
+
+import radio_lit.module
+import radio_lit.step
+import radio_lit.student_step
+from benchmarks import train_step
+
+#: What the profiler's phase labels wrap, module by module (restored after the run).
+PATCHED = {
+    radio_lit.step: ["resize_view"],
+    radio_lit.student_step: ["teacher_view"],
+    radio_lit.module: ["to_loss_grid", "match_teachers", "balanced_loss", "idle_heads_term"],
+}
+
+
+@pytest.mark.slow
+def test_the_plain_loop_comparison_runs_on_the_quickstart(monkeypatch, capsys):
+    for module, names in PATCHED.items():
+        for name in names:
+            monkeypatch.setattr(module, name, getattr(module, name))
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    train_step.main(["--warmup=1", "--steps=1", "--data.init_args.batch_size=2"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("phase"))
+    assert header.split()[1:5] == ["ms", "lit", "ms", "plain"]
+    rows = {line[:22].strip(): line[22:].split() for line in lines[lines.index(header) + 1 :]}
+    for phase in ["views", "teacher clip", "teacher dino", "teacher sam", "student forward"]:
+        assert phase in rows and len(rows[phase]) == 11, (phase, out)
+    for phase in ["head clip", "normalizers", "losses", "backward", "optimizer", "step"]:
+        assert phase in rows and len(rows[phase]) == 11, (phase, out)
+    assert "plain teacher sam: segment-anything ImageEncoderViT" in out
+    # the same student, heads and teachers at the same initial weights: the same loss
+    loss = next(line for line in lines if line.startswith("first loss:"))
+    assert float(loss.rsplit("relative difference ", 1)[1].rstrip(")")) < 1e-4, loss
+    for phase in ["student forward", "backward", "grid matching"]:  # top-level operations
+        lit, plain = (int(v) for v in rows[phase][3:5])
+        assert abs(lit - plain) <= 0.1 * plain, (phase, lit, plain)
+    assert lines[-1].startswith("ratio (radio-lit / plain PyTorch): ")
+    float(lines[-1].rsplit(": ", 1)[1])
