@@ -85,7 +85,7 @@ class DistillationModule(pl.LightningModule):
         optimizer: built on :mod:`radio_lit.optim`'s parameter groups (AdamW, LR 1e-3).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
-        init_from: an earlier stage's checkpoint: student and head weights only (PHI-S A.7).
+        init_from: an earlier stage's checkpoint: student, head and EMA weights (PHI-S A.7).
         grid_policy: the grid of every teacher's loss and statistics: ``"teacher"``
             (RADIOv2.5 4.2), ``"student"`` (PHI-S 3), ``"larger"`` (AM-RADIO 4); radio_lit.grid.
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
@@ -160,7 +160,7 @@ class DistillationModule(pl.LightningModule):
             student.embed_dim, {n: (t.feature_dim, t.summary_dim) for n, t in teachers.items()}
         )
         has_summary = {n: t.summary_dim is not None for n, t in teachers.items()}
-        self.summary_token = summary_token_slots(has_summary, student.num_cls_tokens)
+        self.summary_token = summary_token_slots(has_summary, student)
         self.grid_policies = check_policies(
             grid_policy,
             check_names(grid_policy_overrides or {}, names, "grid_policy_overrides"),
@@ -177,11 +177,11 @@ class DistillationModule(pl.LightningModule):
         self.estimate_statistics = False  # both set each step by TeacherStatsEstimation
         self.refit_statistics = False
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
-        if init_from is not None:
-            self.load_student_weights(init_from)
         self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
         if mesa is not None:
             self.register_load_state_dict_pre_hook(fill_missing_ema)
+        if init_from is not None:  # the EMA too (radio_lit.export.checkpoint.student_weights)
+            self.load_student_weights(init_from)
 
     def load_student_weights(self, checkpoint: str) -> None:
         """Take the student and head weights of an earlier stage's checkpoint (weights only;
