@@ -122,7 +122,8 @@ def stage_chains(configs: Sequence[ShippedConfig]) -> dict[str, list[ShippedConf
 def load_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
-    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
+    loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -288,10 +289,7 @@ def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) ->
         out.append("--trainer.strategy=auto")
     elif strategy_class.endswith("ModelParallelStrategy"):
         out.append("--trainer.strategy.init_args.data_parallel_size=1")
-    unlogged = ("LearningRateMonitor", "ModelCheckpoint")
-    callbacks = [c for c in trainer.get("callbacks") or [] if isinstance(c, dict)]
-    callbacks = [c for c in callbacks if not str(c.get("class_path", "")).endswith(unlogged)]
-    out.append(_arg("--trainer.callbacks", callbacks))
+    out.append(_arg("--trainer.callbacks", training_callbacks(trainer.get("callbacks"))))
     data = (raw.get("data") or {}).get("init_args") or {}
     batch = int(data.get("batch_size", 8))
     partitions = one_rank_partitions(raw, cpu=size == "cpu") if size != "build" else None
@@ -306,6 +304,26 @@ def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) ->
     out += ["--data=radio_lit.data.SyntheticDataModule", f"--data.init_args.crop_size={crop}"]
     out += [f"--data.init_args.batch_size={batch}", "--data.init_args.num_workers=0"]
     return out
+
+
+def training_callbacks(callbacks: Any) -> list[dict[str, Any]]:
+    """The config's callbacks that take part in training steps: not ``LearningRateMonitor``
+    or ``ModelCheckpoint`` (no logger, no checkpoints), nor the evaluations that run when
+    training ends (``radio_lit.evaluation``: kNN, zero-shot, segmentation probe...)."""
+    unlogged = ("LearningRateMonitor", "ModelCheckpoint")
+    kept = [c for c in callbacks or [] if isinstance(c, dict)]
+    kept = [c for c in kept if not str(c.get("class_path", "")).endswith(unlogged)]
+    return [c for c in kept if not str(c.get("class_path", "")).startswith("radio_lit.evaluation")]
+
+
+def without_saved_config(cli: Any) -> Any:
+    """``cli`` whose trainer does not write the run's ``config.yaml`` when it starts (nothing
+    of a check is kept); the config was parsed and built all the same."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    callbacks = cli.trainer.callbacks
+    callbacks[:] = [c for c in callbacks if not isinstance(c, SaveConfigCallback)]
+    return cli
 
 
 @contextlib.contextmanager
@@ -372,7 +390,7 @@ def build(
         device=device,
     )
     with students_on(student_device):
-        return profile_build(options, [*overrides, *extra])
+        return without_saved_config(profile_build(options, [*overrides, *extra]))
 
 
 # ------------------------------------------------------------------------------------------
@@ -476,12 +494,9 @@ def _build_quickstart(config: ShippedConfig, extra: list[str]) -> Any:
     args += [*extra, "--trainer.logger=false", "--trainer.enable_checkpointing=false"]
     args += [f"--trainer.default_root_dir={root}", "--trainer.limit_val_batches=0"]
     args += ["--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false"]
-    raw = merged(config.files)
-    callbacks = (raw.get("trainer") or {}).get("callbacks") or []
-    kept = [c for c in callbacks if "LearningRateMonitor" not in str(c)]
-    kept = [c for c in kept if "ModelCheckpoint" not in str(c)]
-    args.append(_arg("--trainer.callbacks", kept))
-    return RadioLitCLI(run=False, args=args)
+    callbacks = (merged(config.files).get("trainer") or {}).get("callbacks")
+    args.append(_arg("--trainer.callbacks", training_callbacks(callbacks)))
+    return without_saved_config(RadioLitCLI(run=False, args=args))
 
 
 def _sizes_note(cli: Any, depth: int | None, cuda: bool, quickstart: bool) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,8 @@ def student_weights(
 
     Args:
         checkpoint: a ``.ckpt`` written by ``radio-lit fit``.
-        own_keys: the state-dict keys of the module to load into.
+        own_keys: the state-dict keys of the module to load into (its ``state_dict()``:
+            the shapes are checked too).
         teachers: the module's teacher names.
 
     Returns:
@@ -93,7 +94,7 @@ def student_weights(
     weights = {k: v for k, v in state.items() if k.startswith(STUDENT_PREFIXES)}
     if not weights:
         raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
-    own_keys = set(own_keys)
+    own_state, own_keys = own_keys, set(own_keys)
     own = {k for k in own_keys if k.startswith(STUDENT_PREFIXES)}
     new = [n for n in teachers if not any(k.startswith(f"heads.{n}.") for k in weights)]
     fresh = {k for k in own if k.startswith(tuple(f"heads.{n}." for n in new))}
@@ -107,9 +108,25 @@ def student_weights(
         weights.update(ema)
     elif any(k.startswith(EMA_PREFIX) for k in state):
         log.info("model.init_from: the EMA of %s is not carried (no model.mesa here)", path)
+    if isinstance(own_state, Mapping):
+        _check_shapes(path, own_state, weights)
     if new:
         log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
     return weights, new
+
+
+def _check_shapes(path: Path, own: Mapping[str, Any], saved: Mapping[str, Tensor]) -> None:
+    """Refuse weights of another size than this module's (e.g. another summary-token count;
+    sizes, not shapes: a CPE grid saved in its former layout is converted on load)."""
+    for key, value in saved.items():
+        shape = getattr(own.get(key), "shape", None)
+        if shape is not None and torch.Size(shape).numel() != value.numel():
+            raise ValueError(
+                f"model.init_from: {key} is {list(value.shape)} in {path} but "
+                f"{list(shape)} here; the student must have the earlier stage's architecture "
+                "and tokens (declare every stage's summary tokens from the first with "
+                "model.student.init_args.summary_tokens)"
+            )
 
 
 def _check_keys(path: Path, own: set[str], saved: set[str], fresh: Iterable[str] = ()) -> None:

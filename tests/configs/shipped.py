@@ -16,9 +16,14 @@ Builds are cached by name: the tests of ``tests/configs`` and the ablation tests
 
 from __future__ import annotations
 
+import atexit
+import copy
 import functools
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from benchmarks.gpu_check import ShippedConfig, build, merged, shipped_configs
 
@@ -28,6 +33,11 @@ CONFIGS: dict[str, ShippedConfig] = {c.name: c for c in shipped_configs(ROOT)}
 
 def raw(name: str) -> dict[str, Any]:
     """The config's YAML as ``radio-lit fit`` reads it (an overlay merged into its base)."""
+    return copy.deepcopy(_raw(name))
+
+
+@functools.cache
+def _raw(name: str) -> dict[str, Any]:
     return merged(CONFIGS[name].files)
 
 
@@ -40,17 +50,26 @@ def gpu_recipe(name: str) -> bool:
 def built(name: str) -> Any:
     """The ``RadioLitCLI`` of config ``name`` built for this machine (see the module
     docstring); a GPU recipe without its ``model.init_from`` (the chain tests load it)."""
-    extra = ["--trainer.accelerator=cpu"]
+    extra = ["--trainer.accelerator=cpu", "--trainer.max_steps=1"]
     if gpu_recipe(name):
         extra.append("--model.init_from=null")
     meta = "meta" if gpu_recipe(name) else None
-    return build(CONFIGS[name], size="build", keep_strategy=False, student_device=meta, extra=extra)
+    return _build(name, size="build", student_device=meta, extra=extra)
 
 
 def cpu_sized(name: str, *extra: str) -> Any:
     """The ``RadioLitCLI`` of GPU recipe ``name`` at CPU size, for one optimizer step."""
     args = ["--trainer.accelerator=cpu", "--trainer.max_steps=1", *extra]
-    return build(CONFIGS[name], size="cpu", keep_strategy=False, extra=args)
+    return _build(name, size="cpu", extra=args)
+
+
+def _build(name: str, **options: Any) -> Any:
+    """:func:`benchmarks.gpu_check.build` as ``radio-lit`` with nothing more on its command
+    line; the run folder (empty: no logger, no checkpoints) is removed when the tests end."""
+    with mock.patch.object(sys, "argv", ["radio-lit"]):
+        cli = build(CONFIGS[name], keep_strategy=False, **options)
+    atexit.register(shutil.rmtree, cli.trainer.default_root_dir, ignore_errors=True)
+    return cli
 
 
 def model_id_problems(kind: str, init: dict[str, Any]) -> list[str]:
@@ -81,7 +100,11 @@ def model_id_problems(kind: str, init: dict[str, Any]) -> list[str]:
         from radio_lit.teachers.transformers_teacher import is_model_type
 
         model = init["model"]
-        return [] if is_model_type(model) and not init.get("pretrained", True) else _hub_problems(model)
+        return (
+            []
+            if is_model_type(model) and not init.get("pretrained", True)
+            else _hub_problems(model)
+        )
     if kind == "ERadio":
         return []
     return [f"no model id check for {kind}: add one to tests/configs/shipped.py"]
@@ -94,7 +117,9 @@ def _timm_problems(model: str, pretrained: Any) -> list[str]:
     if name not in timm.list_models():
         return [f"{name!r} is not a timm model"]
     if tag and model not in timm.list_pretrained(name):
-        return [f"{model!r}: timm has no pretrained tag {tag!r} (it has {timm.list_pretrained(name)})"]
+        return [
+            f"{model!r}: timm has no pretrained tag {tag!r} (it has {timm.list_pretrained(name)})"
+        ]
     if pretrained and not tag and not timm.list_pretrained(name):
         return [f"{name!r} has no pretrained weights in timm (pretrained: true)"]
     return []
@@ -109,10 +134,10 @@ def _open_clip_problems(name: str, pretrained: str | None, init: dict[str, Any])
         return []
     if name not in open_clip.list_models():
         return [f"{name!r} is not an open_clip model"]
-    if pretrained and not _looks_like_path(pretrained):
-        if (name, pretrained) not in open_clip.list_pretrained():
-            tags = open_clip.list_pretrained_tags_by_model(name)
-            return [f"open_clip has no pretrained tag {pretrained!r} for {name!r} ({tags})"]
+    tagged = pretrained and not _looks_like_path(pretrained)
+    if tagged and (name, pretrained) not in open_clip.list_pretrained():
+        tags = open_clip.list_pretrained_tags_by_model(name)
+        return [f"open_clip has no pretrained tag {pretrained!r} for {name!r} ({tags})"]
     return []
 
 

@@ -24,7 +24,7 @@ def _kind(entry: dict) -> str:
 
 def test_every_yaml_under_configs_is_built_on_the_config_it_is_stacked_on():
     on_disk = sorted(str(p.relative_to(ROOT / "configs")) for p in ROOT.glob("configs/**/*.yaml"))
-    assert NAMES == on_disk
+    assert on_disk == NAMES
     full = {c.path for c in CONFIGS.values() if not c.overlay}
     for config in CONFIGS.values():
         assert config.files[-1] == config.path
