@@ -34,6 +34,7 @@ import copy
 import gc
 import json
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -439,28 +440,38 @@ def missing_module(error: BaseException) -> str | None:
     return None
 
 
-def check(config: ShippedConfig, args: argparse.Namespace) -> Row:
-    """Build, train ``warmup + steps`` steps, measure; any error fails the row (its first
-    line is the note)."""
+def cpu_sized(config: ShippedConfig) -> bool:
+    """Whether ``config`` is sized for a CPU as shipped (``trainer.accelerator: cpu``: the
+    quickstarts and ablations), so that it runs as it is, on any device."""
+    return (merged(config.files).get("trainer") or {}).get("accelerator") == "cpu"
+
+
+def check(
+    config: ShippedConfig, args: argparse.Namespace, init_from: str | None, save: Path | None
+) -> Row:
+    """Build ``config`` (starting from ``init_from`` when the config starts from an earlier
+    stage), train ``warmup + steps`` steps, measure (peak memory: CUDA's largest allocation
+    since the config started; on a CPU the process's peak resident memory so far), save the
+    weights to ``save`` (for the next stage); any error fails the row, its first line the
+    note."""
     import torch
 
     row = Row(config.name)
     cuda = args.device == "cuda"
-    quickstart = config.name.startswith("quickstart") or config.name.startswith("ablations")
-    size = "real" if cuda else "cpu"
-    depth = args.teacher_depth if cuda and not quickstart else None
+    shipped = cpu_sized(config)
+    size = "build" if shipped else "real" if cuda else "cpu"
+    depth = args.teacher_depth if size == "real" else None
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     steps = args.warmup + args.steps
     cli = None
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         extra = [f"--trainer.max_steps={steps}", f"--trainer.accelerator={args.device}"]
-        if quickstart and cuda:  # as shipped, on the GPU
-            cli = _build_quickstart(config, extra)
-        else:
-            cli = build(config, device=args.device, size=size, teacher_depth=depth, extra=extra)
+        if (merged(config.files).get("model") or {}).get("init_from"):
+            extra.append(f"--model.init_from={init_from or 'null'}")
+            row.notes.append(f"from {Path(init_from).stem}" if init_from else "init_from: none")
+        cli = build(config, device=args.device, size=size, teacher_depth=depth, extra=extra)
         times = StepTimes(sync)
         cli.trainer.callbacks.append(times.callback())
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -470,14 +481,18 @@ def check(config: ShippedConfig, args: argparse.Namespace) -> Row:
         if cuda:
             row.memory_gib = torch.cuda.max_memory_allocated() / 2**30
         else:
-            row.memory_gib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 2**20
+            row.memory_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if save is not None:
+            cli.trainer.save_checkpoint(save)
         row.ok = True
-        row.notes.append(_sizes_note(cli, depth, cuda, quickstart))
+        row.notes.insert(0, _sizes_note(cli, depth, size))
     except Exception as error:  # a failed config is a row, not the end of the check
         missing = missing_module(error)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        row.notes.append(missing or f"{type(error).__name__}: {first}"[:160])
+        row.notes.insert(0, missing or f"{type(error).__name__}: {first}"[:160])
     finally:
+        if cli is not None:
+            shutil.rmtree(cli.trainer.default_root_dir, ignore_errors=True)
         del cli
         gc.collect()
         if cuda:
@@ -485,32 +500,18 @@ def check(config: ShippedConfig, args: argparse.Namespace) -> Row:
     return row
 
 
-def _build_quickstart(config: ShippedConfig, extra: list[str]) -> Any:
-    """A quickstart (or ablation) as shipped, on the chosen accelerator."""
-    from radio_lit.cli import RadioLitCLI
-
-    root = tempfile.mkdtemp(prefix="gpu_check_")
-    args = [a for f in config.files for a in ("--config", str(f))]
-    args += [*extra, "--trainer.logger=false", "--trainer.enable_checkpointing=false"]
-    args += [f"--trainer.default_root_dir={root}", "--trainer.limit_val_batches=0"]
-    args += ["--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false"]
-    callbacks = (merged(config.files).get("trainer") or {}).get("callbacks")
-    args.append(_arg("--trainer.callbacks", training_callbacks(callbacks)))
-    return without_saved_config(RadioLitCLI(run=False, args=args))
-
-
-def _sizes_note(cli: Any, depth: int | None, cuda: bool, quickstart: bool) -> str:
+def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
     model = cli.model
     params = sum(p.numel() for p in model.student.parameters()) / 1e6
     shards = model.partitions.partitions
     batch = sum(p.batch_size or 0 for p in shards.values()) or cli.datamodule.batch_size
-    parts = f"{len(shards)} partition(s), batch {batch}"
-    if quickstart:
+    parts = f"{len(shards)} partition(s), batch {batch}, {type(cli.trainer.strategy).__name__}"
+    if size == "build":
         return f"as shipped; {parts}"
-    teachers = f"teachers {depth} blocks" if depth is not None else "tiny teachers"
-    if not cuda:
-        return f"CPU sizes: student {params:.1f}M, {teachers}; {parts}"
-    return f"student {params:.0f}M params; {teachers} (open_clip timm trunks whole); {parts}"
+    if size == "cpu":
+        return f"CPU sizes: student {params:.1f}M params, tiny teachers; {parts}"
+    teachers = f"teachers {depth} blocks (open_clip timm trunks whole)"
+    return f"student {params:.0f}M params; {teachers}; {parts}"
 
 
 def print_table(rows: Sequence[Row], device: str) -> None:
@@ -540,6 +541,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=330.0, help="seconds; later configs are skipped"
     )
+    parser.add_argument(
+        "--chain",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start each later stage from the earlier stage's weights, saved after its steps "
+        "(default: on CPU only; a ViT-H checkpoint takes seconds to write and read)",
+    )
     args = parser.parse_args(argv)
     try:
         import torch
@@ -558,17 +566,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     configs = [c for c in shipped_configs() if args.only is None or args.only in c.name]
-    # quickstarts first: they are fast and say whether the machine works at all
+    # quickstarts first: they are fast and say whether the machine works at all; the stages
+    # of a recipe in order
     configs.sort(key=lambda c: (not c.name.startswith("quickstart"), c.name))
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    chain = args.device == "cpu" if args.chain is None else args.chain
+    stages = {c.path: c for chain_ in stage_chains(configs).values() for c in chain_}
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    saved: dict[Path, str] = {}  # a stage's folder -> its last saved checkpoint
     start, rows = time.perf_counter(), []
     for config in configs:
         if time.perf_counter() - start > args.budget:
             rows.append(Row(config.name, notes=[f"skipped: past the {args.budget:.0f} s budget"]))
             continue
-        row = check(config, args)
+        staged = chain and config.path in stages
+        save = folder / f"{config.name.replace('/', '_')}.ckpt" if staged else None
+        row = check(config, args, saved.pop(config.path.parent, None) if staged else None, save)
+        if save is not None and row.ok:
+            saved[config.path.parent] = str(save)
         print(f"{row.config}: {'pass' if row.ok else 'FAIL'} {'; '.join(row.notes)}", flush=True)
         rows.append(row)
+    shutil.rmtree(folder, ignore_errors=True)
     print_table(rows, device)
     print(f"total {time.perf_counter() - start:.0f} s; torch {torch.__version__}")
     return 0 if all(r.ok for r in rows) else 1
