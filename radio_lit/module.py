@@ -66,7 +66,7 @@ class DistillationModule(pl.LightningModule):
         optimizer: built on :mod:`radio_lit.optim`'s parameter groups (AdamW, LR 1e-3).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
-        init_from: an earlier stage's checkpoint: student and head weights only (PHI-S A.7).
+        init_from: an earlier stage's checkpoint: student, head and EMA weights (PHI-S A.7).
         grid_policy: the loss grid: ``teacher`` (RADIOv2.5 4.2), ``student``, ``larger`` (grid.py).
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: teacher partitions, each with its batch, resolutions, ranks (AM-RADIO 4).
@@ -129,7 +129,7 @@ class DistillationModule(pl.LightningModule):
         self.dispersions = summary_dispersions(summary_dims, self.summary_loss)
         self.heads = teacher_heads(student.embed_dim, dims)
         has_summary = {n: s is not None for n, s in summary_dims.items()}
-        self.summary_token = summary_token_slots(has_summary, student.num_cls_tokens)
+        self.summary_token = summary_token_slots(has_summary, student)
         overrides = check_names(grid_policy_overrides or {}, names, "grid_policy_overrides")
         interpolatable = {name: t.interpolatable for name, t in teachers.items()}
         self.grid_policies = check_policies(grid_policy, overrides, interpolatable)
@@ -139,11 +139,11 @@ class DistillationModule(pl.LightningModule):
         self.compile_option, self.fsdp2 = compile, fsdp2
         self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
         self.register_load_state_dict_post_hook(ignore_teacher_weights)
-        if init_from is not None:
-            self.load_student_weights(init_from)
         self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
         if mesa is not None:
             self.register_load_state_dict_pre_hook(fill_missing_ema)
+        if init_from is not None:  # the EMA too (radio_lit.export.checkpoint.student_weights)
+            self.load_student_weights(init_from)
 
     def load_student_weights(self, checkpoint: str) -> None:
         """An earlier stage's student and head weights (new teachers' heads start fresh)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: Prefixes of the trained weights in a training checkpoint's ``state_dict``.
 STUDENT_PREFIXES = ("student.", "heads.")
+#: Prefix of the EMA student and heads (``model.mesa``; C-RADIOv4 report 2.3.2).
+EMA_PREFIX = "ema."
 #: Prefix of the teachers' weights in the training module, which checkpoints leave out.
 TEACHER_PREFIX = "teachers."
 
@@ -54,16 +56,22 @@ _EXPORT_OPTIONS = {f.name for f in fields(ExportOptions)}
 def student_weights(
     checkpoint: str | Path, own_keys: Iterable[str], teachers: Iterable[str]
 ) -> tuple[dict[str, Tensor], list[str]]:
-    """The student and head weights of an earlier stage's checkpoint (``model.init_from``).
+    """The student, head and EMA weights of an earlier stage's checkpoint (``model.init_from``).
+
+    The EMA student runs for the whole of training (RADIO #181): a module with an EMA
+    (``ema.*`` among ``own_keys``) takes the earlier stage's ``ema.*``, or, from a checkpoint
+    without one, starts its EMA at the loaded student and heads. A checkpoint's EMA is left
+    out when this stage has none.
 
     Args:
         checkpoint: a ``.ckpt`` written by ``radio-lit fit``.
-        own_keys: the ``student.*`` / ``heads.*`` state-dict keys of the module to load into.
+        own_keys: the state-dict keys of the module to load into (its ``state_dict()``:
+            the shapes are checked too).
         teachers: the module's teacher names.
 
     Returns:
         the weights, and the teachers new in this stage (AM-RADIO 4: SAM joins in stage 2),
-        which have no heads in the checkpoint: their heads start fresh.
+        which have no heads in the checkpoint: their heads (and EMA heads) start fresh.
 
     Raises:
         FileNotFoundError, ValueError: one line naming the file and what to pass instead.
@@ -86,19 +94,52 @@ def student_weights(
     weights = {k: v for k, v in state.items() if k.startswith(STUDENT_PREFIXES)}
     if not weights:
         raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
+    own_state, own_keys = own_keys, set(own_keys)
     own = {k for k in own_keys if k.startswith(STUDENT_PREFIXES)}
     new = [n for n in teachers if not any(k.startswith(f"heads.{n}.") for k in weights)]
     fresh = {k for k in own if k.startswith(tuple(f"heads.{n}." for n in new))}
-    missing, unexpected = sorted(own - set(weights) - fresh), sorted(set(weights) - own)
+    _check_keys(path, own - fresh, set(weights))
+    if any(k.startswith(EMA_PREFIX) for k in own_keys):
+        ema = {k: v for k, v in state.items() if k.startswith(EMA_PREFIX)}
+        if not ema:
+            log.info("model.init_from: %s has no EMA; the EMA starts at its weights", path)
+            ema = {EMA_PREFIX + k: v for k, v in weights.items()}
+        _check_keys(path, {k for k in own_keys if k.startswith(EMA_PREFIX)}, set(ema), fresh)
+        weights.update(ema)
+    elif any(k.startswith(EMA_PREFIX) for k in state):
+        log.info("model.init_from: the EMA of %s is not carried (no model.mesa here)", path)
+    if isinstance(own_state, Mapping):
+        _check_shapes(path, own_state, weights)
+    if new:
+        log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
+    return weights, new
+
+
+def _check_shapes(path: Path, own: Mapping[str, Any], saved: Mapping[str, Tensor]) -> None:
+    """Refuse weights of another size than this module's (e.g. another summary-token count;
+    sizes, not shapes: a CPE grid saved in its former layout is converted on load)."""
+    for key, value in saved.items():
+        shape = getattr(own.get(key), "shape", None)
+        if shape is not None and torch.Size(shape).numel() != value.numel():
+            raise ValueError(
+                f"model.init_from: {key} is {list(value.shape)} in {path} but "
+                f"{list(shape)} here; the student must have the earlier stage's architecture "
+                "and tokens (declare every stage's summary tokens from the first with "
+                "model.student.init_args.summary_tokens)"
+            )
+
+
+def _check_keys(path: Path, own: set[str], saved: set[str], fresh: Iterable[str] = ()) -> None:
+    """Refuse a checkpoint whose keys are not this module's (but for ``fresh`` heads, given
+    without their ``ema.`` prefix)."""
+    fresh = {*fresh, *(EMA_PREFIX + k for k in fresh)}
+    missing, unexpected = sorted(own - saved - fresh), sorted(saved - own)
     if missing or unexpected:
         raise ValueError(
             f"{path} does not match this student/heads: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}; the student architecture and teacher names "
             "must be the same as in the earlier stage (teachers may only be added)"
         )
-    if new:
-        log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
-    return weights, new
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -214,11 +255,7 @@ def checkpoint_inference_model(
         normalizers[name] = normalizer
         has_summary[name] = summary_dim is not None
 
-    slots = teacher_slots(
-        has_summary,
-        summary_token_slots(has_summary, student.num_cls_tokens),
-        student.num_cls_tokens,
-    )
+    slots = teacher_slots(has_summary, token_slots(has_summary, student), student.num_cls_tokens)
     teachers = []
     for name, spec in teacher_configs.items():
         spec = spec if isinstance(spec, dict) else {"class_path": spec}
@@ -236,6 +273,14 @@ def checkpoint_inference_model(
         tuple(options.student_std or student.pixel_std),
         tuple(resolution),
     )
+
+
+def token_slots(has_summary: dict[str, bool], student: Student) -> dict[str, int]:
+    """The summary token each teacher reads, and for a teacher without summary the token the
+    student's ``summary_tokens`` declare for it (its RADIO ``token_slot``)."""
+    slots = summary_token_slots(has_summary, student)
+    declared = student.summary_tokens or []
+    return {**{n: declared.index(n) for n in has_summary if n in declared}, **slots}
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

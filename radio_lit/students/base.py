@@ -32,12 +32,17 @@ class Student(nn.Module):
     - ``embed_dim`` (int): ``D``, the width of the summary tokens and features;
     - ``num_cls_tokens`` (int): ``T``, the summary tokens (one shared, one per summary
       teacher, or one per teacher);
+    - ``summary_tokens`` (list of teacher names or ``None``): the teacher each summary token
+      belongs to, when the layout is declared for every stage of a run
+      (:func:`radio_lit.students.heads.summary_token_slots`);
     - ``pixel_mean``, ``pixel_std`` (3-tuples): the input normalization it was built for;
     - ``blocks`` (iterable of modules): the units FSDP2 shards one by one
       (:func:`radio_lit.students.shard_student`).
 
     and may override :meth:`begin_step`.
     """
+
+    summary_tokens: list[str] | None = None
 
     def begin_step(self, seed: int, step: int) -> None:
         """Before training step ``step`` of a run seeded ``seed``: the student's per-step

@@ -18,8 +18,12 @@ Parameters and buffers of ``CPEViT`` (``G = max_resolution / patch``, ``D`` = wi
   ``patch_generator.pos_embed [1, G * G, D]`` without the leading 1. Dim 0 is large so that
   FSDP2 (which shards dim 0) really shards it. Checkpoints with the former ``[1, D, G, G]``
   layout are converted on load.
-- ``cls_token [1, T, D]``; ``registers [1, R, D]`` (absent when ``R == 0``).
-- ``patch_embed.*``, ``norm_pre.*``, ``norm.*``: timm's modules, timm's names.
+- ``cls_token [1, T, D]``; ``registers [1, R, D]`` (absent when ``R == 0``). The prefix is
+  ``[summary tokens, registers]``: C-RADIOv4-H's 10 (``summary_tokens`` of its 3 teachers and
+  7 registers) map onto timm's ``vit_huge_patch16_radio_v4`` ``cls_token`` + 9 ``reg_token``.
+- ``patch_embed.*``, ``norm_pre.*``, ``norm.*``: timm's modules, timm's names
+  (``patch_embed.proj.bias`` absent with ``patch_embed_bias: false``; ``norm`` an identity
+  for a timm model without final norm, e.g. ``vit_huge_patch16_radio_v4``).
 - ``blocks.<i>.*``: timm's blocks. With ``spectral_reparam`` every ``nn.Linear`` in them
   (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2``) is a
   :class:`~radio_lit.students.spectral_reparam.SpectralLinear`: ``weight [out, in]``,
@@ -89,21 +93,53 @@ def _timm_vit(name: str, pretrained: bool, kwargs: dict[str, Any]) -> VisionTran
     return model
 
 
+def _token_count(count: int | None, names: list[str] | None) -> int:
+    """``num_cls_tokens`` from the options: ``count``, or one per ``summary_tokens`` name."""
+    if names is not None:
+        if not names or len(set(names)) != len(names):
+            raise ValueError(
+                f"summary_tokens={names} must name each teacher once (one summary token per "
+                "name, in token order)"
+            )
+        if count not in (None, len(names)):
+            raise ValueError(
+                f"num_cls_tokens={count} but summary_tokens names {len(names)} teachers: leave "
+                "num_cls_tokens out (one token per summary_tokens name)"
+            )
+        return len(names)
+    if count is not None and count < 1:
+        raise ValueError("num_cls_tokens must be at least 1")
+    return 1 if count is None else count
+
+
 class CPEViT(Student):
     """timm VisionTransformer + CPE + ``num_cls_tokens`` summary tokens.
 
     Args:
         model: timm model name of a ``VisionTransformer`` (e.g. ``vit_base_patch16_224``;
-            PHI-S A.7 initializes from timm's ``vit_[base,large]_patch16_224``).
+            PHI-S A.7 initializes from timm's ``vit_[base,large]_patch16_224``; C-RADIOv4-H's
+            architecture is ``vit_huge_patch16_radio_v4``: ViT-H/16, no final norm). Its own
+            class and register tokens are replaced by this student's summary tokens and
+            registers.
         pretrained: load timm's pretrained weights (from the hub or timm's cache).
         checkpoint: optional local file with a ``state_dict`` of the timm model.
         max_resolution: pixels covered by the CPE grid side; the grid holds
             ``max_resolution / patch_size`` positions per side (AM-RADIO: 128 -> 2048 px at /16).
         num_cls_tokens: summary tokens: one shared, one per summary teacher, or one per
             teacher, SAM included (NVlabs/RADIO's layout, ``cls_token_per_teacher``; a RADIO
-            export needs 1 or this).
+            export needs 1 or this). ``None``: one per ``summary_tokens`` name, else 1.
+        summary_tokens: the teacher each summary token belongs to, in token order (NVlabs'
+            one CLS per teacher name): teacher ``t`` reads token ``summary_tokens.index(t)``
+            whatever the stage's teachers, so a run whose stages add teachers keeps one layout
+            and one token count (C-RADIOv4: ``[siglip2_g, dino_v3, sam3]`` from stage 1, SAM3
+            joining in stage 3; :func:`~radio_lit.students.heads.summary_token_slots`).
+            ``None``: the layout follows the stage's teachers (``num_cls_tokens``).
         num_registers: extra register tokens, dropped from the outputs.
-        model_kwargs: extra timm constructor arguments (depth, embed_dim, num_heads, …).
+        model_kwargs: extra timm constructor arguments (depth, embed_dim, num_heads,
+            ``final_norm: false`` for no final LayerNorm, …).
+        patch_embed_bias: ``false``: a patch embedding without bias, as C-RADIOv4's linear
+            patch embedder (its timm port adds a zero bias). A bias the timm weights have is
+            folded into the CPE grid first (the same function: every patch gets it).
         cpe_min_scale: smallest side fraction of the grid a training crop covers
             (sqrt(0.1) gives 10% of the area, as in RADIO).
         cpe_max_aspect: largest aspect-ratio distortion of a training crop (4/3).
@@ -141,9 +177,11 @@ class CPEViT(Student):
         pretrained: bool = False,
         checkpoint: str | None = None,
         max_resolution: int = 2048,
-        num_cls_tokens: int = 1,
+        num_cls_tokens: int | None = None,
+        summary_tokens: list[str] | None = None,
         num_registers: int = 0,
         model_kwargs: dict[str, Any] | None = None,
+        patch_embed_bias: bool = True,
         cpe_min_scale: float = math.sqrt(0.1),
         cpe_max_aspect: float = 4.0 / 3.0,
         cpe_align_corners: bool = True,
@@ -175,8 +213,8 @@ class CPEViT(Student):
                 f"max_resolution {max_resolution} must be a multiple of the patch size "
                 f"{self.patch_size}"
             )
-        if num_cls_tokens < 1:
-            raise ValueError("num_cls_tokens must be at least 1")
+        num_cls_tokens = _token_count(num_cls_tokens, summary_tokens)
+        self.summary_tokens = list(summary_tokens) if summary_tokens is not None else None
         self.embed_dim = int(vit.embed_dim)
         self.num_cls_tokens = num_cls_tokens
         self.num_registers = num_registers
@@ -199,6 +237,8 @@ class CPEViT(Student):
         vit.cls_token = None
         vit.reg_token = None
         self.patch_embed = vit.patch_embed
+        if not patch_embed_bias:
+            self._drop_patch_bias()
         self.norm_pre = vit.norm_pre
         self.blocks = vit.blocks
         self.norm = vit.norm
@@ -252,6 +292,15 @@ class CPEViT(Student):
         )
         # FSDP2's fully_shard needs contiguous parameters, and shards dim 0.
         return resized[0].permute(1, 2, 0).reshape(-1, self.embed_dim).contiguous()
+
+    def _drop_patch_bias(self) -> None:
+        """No bias in the patch embedding; a bias it had moves into the CPE grid ``[G * G, D]``
+        (added to every patch token either way; resampling the grid keeps a constant)."""
+        proj = self.patch_embed.proj
+        if proj.bias is not None:
+            with torch.no_grad():
+                self.pos_embed.add_(proj.bias.to(self.pos_embed.dtype))
+        proj.register_parameter("bias", None)
 
     def _initial_cls(self, vit: VisionTransformer, count: int) -> Tensor:
         """``[1, T, D]`` summary tokens: timm's CLS token as the first block sees it.

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
+from radio_lit.students.base import Student
+
 
 class MLPHead(nn.Module):
     """2-layer MLP ``Linear -> LayerNorm -> GELU -> Linear`` over the last dim.
@@ -40,27 +42,43 @@ class TeacherHeads(nn.Module):
         )
 
 
-def summary_token_slots(has_summary: Mapping[str, bool], num_tokens: int) -> dict[str, int]:
+def summary_token_slots(has_summary: Mapping[str, bool], student: Student) -> dict[str, int]:
     """Teacher name -> index of the student summary token its summary head reads.
 
-    ``num_tokens`` is 1 (shared token), the number of teachers with a summary (the k-th of
+    With the student's ``summary_tokens`` (the teacher of each token, declared for every stage
+    of a run), teacher ``t`` reads token ``summary_tokens.index(t)``: the same slot in every
+    stage; names of teachers a stage lacks leave their tokens unused (C-RADIOv4's stages 1-2,
+    before SAM3 joins), and every teacher with a summary must have a name. Otherwise its
+    ``num_cls_tokens`` is 1 (shared token), the number of teachers with a summary (the k-th of
     them reads token k), or the number of teachers (teacher i reads token i: NVlabs/RADIO's
     ``cls_token_per_teacher`` layout, where a teacher without summary, such as SAM, leaves its
     token unused). Teachers without a summary get no entry.
     """
-    names = list(has_summary)
-    with_summary = [n for n in names if has_summary[n]]
+    teachers = list(has_summary)
+    with_summary = [n for n in teachers if has_summary[n]]
+    num_tokens, names = student.num_cls_tokens, student.summary_tokens
+    if names is not None:
+        missing = [n for n in with_summary if n not in names]
+        if missing:
+            raise ValueError(
+                f"model.student.init_args.summary_tokens={list(names)} has no token for "
+                f"{missing} (teachers with a summary): add them to the list, after the names "
+                "already there so that earlier stages' tokens keep their slots"
+            )
+        return {n: list(names).index(n) for n in with_summary}
     if num_tokens == 1:
         return dict.fromkeys(with_summary, 0)
     if num_tokens == len(with_summary):
         return {n: i for i, n in enumerate(with_summary)}
-    if num_tokens == len(names):
-        return {n: names.index(n) for n in with_summary}
+    if num_tokens == len(teachers):
+        return {n: teachers.index(n) for n in with_summary}
     raise ValueError(
-        f"the student has {num_tokens} summary tokens for {len(names)} teachers, "
+        f"the student has {num_tokens} summary tokens for {len(teachers)} teachers, "
         f"{len(with_summary)} of them with a summary ({with_summary}); set "
         f"model.student.init_args.num_cls_tokens to 1 (shared), {len(with_summary)} (one per "
-        f"summary teacher) or {len(names)} (one per teacher, NVlabs/RADIO's layout)"
+        f"summary teacher) or {len(teachers)} (one per teacher, NVlabs/RADIO's layout), or name "
+        "the teacher of each token with model.student.init_args.summary_tokens (teachers of "
+        "later stages included)"
     )
 
 

@@ -292,6 +292,8 @@ class SpectralLinear(nn.Linear):
     @torch.no_grad()
     def reset_spectral_state(self) -> None:
         """Converge ``u``, ``v`` on the current weight and set ``gamma = sigma`` (identity)."""
+        if self.weight.is_meta:  # shapes only (a build on the meta device): nothing to converge
+            return
         u, v, sigma = _converged_state(self._matrices(self.weight))
         self.spectral_u.copy_(u)
         self.spectral_v.copy_(v)

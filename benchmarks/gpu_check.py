@@ -1,0 +1,596 @@
+"""Run this first on any lent GPU: every shipped config built and stepped, in one table.
+
+Every YAML under ``configs/`` (the stage configs, every recipe, every quickstart, and each
+overlay stacked on the config it documents) is built with radio-lit's own ``RadioLitCLI``
+(:func:`benchmarks.profile_step.build`: random weights, nothing downloaded) on one device,
+trained for ``--warmup`` + ``--steps`` optimizer steps with the config's own Trainer,
+strategy (one rank), precision and callbacks (no logger, no checkpoints), and reported as
+one line: pass/fail, median step time, peak memory and what was changed to fit one device.
+
+Sizes (``--device cuda``, the default): the student at its real architecture and widths, the
+partitions' batches one GPU's share of the recipe's (what rank 0 of the recipe's world takes
+from each partition, all partitions on the one device), the recipe's resolutions; teachers at
+their real widths, shortened to ``--teacher-depth`` blocks (SigLIP's open_clip timm trunk
+cannot be shortened and keeps its depth; SAM3 is built from transformers' default config, its
+real architecture); the quickstarts as shipped. ``--device cpu``: the same code at CPU size:
+tiny teachers of the same families, a student of the same family shrunk to 2 blocks of width
+64, 2 images per partition at 32-64 px, float32; the tests build every config this way
+(``tests/configs/``).
+
+    python benchmarks/gpu_check.py                    # on a lent GPU: at most ~6 min on an H100
+    python benchmarks/gpu_check.py --device cpu       # anywhere: tiny sizes (~1-2 min)
+    python benchmarks/gpu_check.py --only c-radio     # the configs whose name contains c-radio
+
+A module the machine lacks (jsonargparse, kornia, open_clip, segment-anything, webdataset,
+torchdata...) is named with the package to install, once at start for the CLI's own imports,
+per config for a teacher family's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: pip packages of the modules radio-lit imports that a bare GPU machine may lack.
+PACKAGES = {
+    "jsonargparse": "jsonargparse[signatures]",
+    "open_clip": "open_clip_torch",
+    "segment_anything": "segment-anything",
+    "kornia": "kornia",
+    "webdataset": "webdataset",
+    "torchdata": "torchdata",
+    "lightning": "lightning",
+    "timm": "timm",
+    "transformers": "transformers",
+}
+#: Blocks each teacher keeps on a GPU (``--teacher-depth``): DINOv3-7B's 40 blocks alone would
+#: take most of the 6 minutes' build and step time; 8 blocks keep every width and layer type.
+GPU_TEACHER_DEPTH = 8
+#: The CPU student: the config's timm family, 2 blocks of width 64 (2 heads).
+CPU_STUDENT = {"depth": 2, "embed_dim": 64, "num_heads": 2}
+#: CPU sides (px): a partition with several resolutions draws among these, else the last.
+CPU_RESOLUTIONS = (32, 64)
+CPU_IMAGES_PER_PARTITION = 2
+CPU_CROP = 128  # covers the tiny SAM canvases (128 px, SAM3: 112 px)
+
+
+# ------------------------------------------------------------------------------------------
+# the shipped configs
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShippedConfig:
+    """One shipped YAML as ``radio-lit fit`` takes it: ``files`` is ``(path,)`` for a full
+    config, ``(base, path)`` for an overlay (:func:`radio_lit.overlays` finds its base)."""
+
+    path: Path
+    files: tuple[Path, ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.path.relative_to(ROOT / "configs"))
+
+    @property
+    def overlay(self) -> bool:
+        return len(self.files) > 1
+
+
+def shipped_configs(root: Path = ROOT) -> list[ShippedConfig]:
+    """Every YAML under ``configs/`` (found by globbing, so none is forgotten)."""
+    from radio_lit.overlays import _base_of
+
+    found = []
+    for path in sorted((root / "configs").rglob("*.yaml")):
+        raw = load_yaml(path)
+        model = raw.get("model") or {}
+        if "data" in raw and model.get("teachers") and model.get("student"):
+            found.append(ShippedConfig(path, (path,)))
+            continue
+        base = Path(_base_of(path))  # an overlay's comments name its base from the root
+        found.append(ShippedConfig(path, ((base if base.is_absolute() else root / base), path)))
+    return found
+
+
+def stage_chains(configs: Sequence[ShippedConfig]) -> dict[str, list[ShippedConfig]]:
+    """The multi-stage recipes, ``{folder: [stage1, stage2, ...]}`` (``stage<k>.yaml`` files of
+    one folder, in order; each later stage starts from the one before with ``model.init_from``)."""
+    chains: dict[str, list[ShippedConfig]] = {}
+    for config in configs:
+        stem = config.path.stem
+        if stem.startswith("stage") and stem[5:].isdigit() and not config.overlay:
+            folder = str(config.path.parent.relative_to(ROOT))
+            chains.setdefault(folder, []).append(config)
+    for stages in chains.values():
+        stages.sort(key=lambda c: int(c.path.stem[5:]))
+    return {k: v for k, v in chains.items() if len(v) > 1}
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
+    loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def merged(files: Sequence[Path]) -> dict[str, Any]:
+    """The raw YAMLs as later ``--config`` files merge into earlier ones (mappings merged key
+    by key, a class entry with another ``class_path`` replaced, lists replaced)."""
+    out: dict[str, Any] = {}
+    for path in files:
+        out = _merge(out, load_yaml(path))
+    return out
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if not isinstance(base, dict) or not isinstance(over, dict):
+        return copy.deepcopy(over)
+    if "class_path" in over and over.get("class_path") != base.get("class_path"):
+        return copy.deepcopy(over)
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# sizes
+# ------------------------------------------------------------------------------------------
+def _arg(key: str, value: Any) -> str:
+    return f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+
+
+def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
+    """Command-line overrides that replace one teacher entry (at config key ``key``, e.g.
+    ``--model.teachers.sam3``) by a tiny model of the same family: the same class, hence
+    the same name and summary/no-summary, with the test suite's tiny sizes
+    (``tests/teachers/tiny.py``). A teacher the config already sizes itself (``model_cfg``,
+    ``model_kwargs``, ``encoder_kwargs``) is kept; a wrapper's inner teacher is shrunk alike.
+    Random weights come from :func:`benchmarks.profile_step.build` (no tag, no file)."""
+    from tests.teachers.tiny import (
+        TINY_CLIP_CFG,
+        TINY_SAM3_CONFIG,
+        TINY_SAM_ENCODER,
+        TINY_SIGLIP_CFG,
+    )
+
+    if not isinstance(entry, dict):
+        return []
+    kind = str(entry.get("class_path", "")).rsplit(".", 1)[-1]
+    init = entry.get("init_args") or {}
+    args = f"{key}.init_args"
+    if isinstance(init.get("teacher"), dict):  # RescaledTeacher, FixedPatternTeacher
+        return tiny_teacher_overrides(f"{args}.teacher", init["teacher"])
+    if any(init.get(k) for k in ("model_cfg", "model_kwargs", "encoder_kwargs")):
+        return []
+    if kind == "OpenCLIPTeacher":
+        import open_clip
+
+        real = open_clip.get_model_config(init["model_name"]) or {}
+        vision = real.get("vision_cfg", {})
+        if "timm_model_name" in vision:  # SigLIP / SigLIP2: a timm trunk, MAP-pooled
+            cfg = copy.deepcopy(TINY_SIGLIP_CFG)
+            cfg["vision_cfg"]["timm_pool"] = vision.get("timm_pool", "")
+        else:
+            cfg = TINY_CLIP_CFG
+        return [_arg(f"{args}.model_cfg", cfg)]
+    if kind in ("DINOv2Teacher", "DINOv3Teacher", "TimmTeacher"):
+        if init.get("backend", "timm") != "timm":
+            raise ValueError(f"{key}: no tiny stand-in for a {kind} on {init['backend']}")
+        return [_arg(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
+    if kind == "SAMTeacher":
+        return [f"{args}.model_type=null", _arg(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
+    if kind == "SAM3Teacher":
+        return [
+            f"{args}.model=sam3_vision_model",
+            f"{args}.pretrained=false",
+            _arg(f"{args}.model_kwargs", TINY_SAM3_CONFIG),
+        ]
+    raise ValueError(
+        f"{key}: no tiny stand-in for {kind}; add one to benchmarks/gpu_check.py "
+        "(tiny_teacher_overrides) so that configs using it are built by the tests"
+    )
+
+
+def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
+    """What :func:`benchmarks.profile_step.build`'s ``--teacher-depth`` does not cover: SAM3
+    from transformers' default ``Sam3VisionConfig`` (SAM3's own architecture; no download)
+    with ``depth`` blocks, the last global."""
+    kind = str((entry or {}).get("class_path", "")).rsplit(".", 1)[-1]
+    if kind != "SAM3Teacher" or (entry.get("init_args") or {}).get("model_kwargs"):
+        return []
+    backbone = {"model_type": "sam3_vit_model", "num_hidden_layers": depth}
+    backbone["global_attn_indexes"] = [depth - 1]
+    return [
+        f"{key}.init_args.model=sam3_vision_model",
+        f"{key}.init_args.pretrained=false",
+        _arg(f"{key}.init_args.model_kwargs", {"backbone_config": backbone}),
+    ]
+
+
+def cpu_student_overrides(raw: dict[str, Any]) -> list[str]:
+    """The config's student family shrunk to CPU size (:data:`CPU_STUDENT`; ViTDet windows of
+    2 tokens so that they tile the CPU grids). Its token layout and options are kept."""
+    student = (raw.get("model") or {}).get("student") or {}
+    if not str(student.get("class_path", "")).endswith("CPEViT"):
+        return []  # E-RADIO: the quickstart's is tiny already
+    init = student.get("init_args") or {}
+    key = "--model.student.init_args"
+    out = [_arg(f"{key}.model_kwargs", {**(init.get("model_kwargs") or {}), **CPU_STUDENT})]
+    if init.get("vitdet_window_sizes"):
+        out += [_arg(f"{key}.vitdet_window_sizes", [2]), f"{key}.vitdet_num_windowed=1"]
+    return out
+
+
+def world_size(raw: dict[str, Any]) -> int:
+    trainer = raw.get("trainer") or {}
+    devices = trainer.get("devices", 1)
+    devices = devices if isinstance(devices, int) and devices > 0 else 1
+    return devices * int(trainer.get("num_nodes") or 1)
+
+
+def one_rank_partitions(raw: dict[str, Any], cpu: bool) -> dict[str, dict[str, Any]] | None:
+    """``model.partitions`` for one device: each partition's batch is what one rank of the
+    recipe's world takes from it (``--device cpu``: :data:`CPU_IMAGES_PER_PARTITION`, and
+    :data:`CPU_RESOLUTIONS`); ``None`` without partitions."""
+    from radio_lit.partitions import Partition, PartitionPlan
+
+    model = raw.get("model") or {}
+    given = model.get("partitions")
+    if not given:
+        return None
+    parts = {name: Partition(**spec) for name, spec in given.items()}
+    plan = PartitionPlan(parts, list(model.get("teachers") or {}), (16, 16), 1)
+    placement = plan.place(world_size(raw), 0)
+    fitted = {}
+    for name, spec in given.items():
+        spec = dict(spec)
+        share = spec.get("batch_size")
+        if share is not None:
+            share = max(share // len(placement.ranks[name]), 1)
+        spec["batch_size"] = CPU_IMAGES_PER_PARTITION if cpu else share
+        if cpu and spec.get("resolutions"):
+            several = len(spec["resolutions"]) > 1
+            spec["resolutions"] = list(CPU_RESOLUTIONS if several else CPU_RESOLUTIONS[-1:])
+            spec["probabilities"] = None
+        if cpu and spec.get("eval_resolution"):
+            spec["eval_resolution"] = CPU_RESOLUTIONS[-1]
+        fitted[name] = spec
+    return fitted
+
+
+def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) -> list[str]:
+    """Trainer, partitions and data for one device: one rank of the config's strategy (or
+    ``auto``), no logger or checkpoints (and so no ``LearningRateMonitor`` or
+    ``ModelCheckpoint``), synthetic images. ``size`` (see :func:`build`): ``"real"`` fits the
+    partitions to one device (:func:`one_rank_partitions`); ``"cpu"`` shrinks them, the
+    resolutions and the crop (:data:`CPU_CROP`) and trains in float32; ``"build"`` keeps
+    them as configured (the recipe's world, for placing them)."""
+    trainer = raw.get("trainer") or {}
+    out = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.logger=false"]
+    out.append("--trainer.enable_checkpointing=false")
+    strategy = trainer.get("strategy")
+    strategy_class = strategy.get("class_path", "") if isinstance(strategy, dict) else ""
+    if not keep_strategy or not strategy_class:
+        out.append("--trainer.strategy=auto")
+    elif strategy_class.endswith("ModelParallelStrategy"):
+        out.append("--trainer.strategy.init_args.data_parallel_size=1")
+    out.append(_arg("--trainer.callbacks", training_callbacks(trainer.get("callbacks"))))
+    data = (raw.get("data") or {}).get("init_args") or {}
+    batch = int(data.get("batch_size", 8))
+    partitions = one_rank_partitions(raw, cpu=size == "cpu") if size != "build" else None
+    if partitions is not None:
+        out.append(_arg("--model.partitions", partitions))
+        batch = sum(p["batch_size"] for p in partitions.values())
+    elif size == "cpu":
+        batch = CPU_IMAGES_PER_PARTITION
+    if size == "cpu":  # torch's CPU kernels lack bf16 antialiased resizing: float32 steps
+        out += [f"--model.student_resolution={CPU_RESOLUTIONS[-1]}", "--trainer.precision=32-true"]
+    crop = CPU_CROP if size == "cpu" else int(data.get("crop_size", 256))
+    out += ["--data=radio_lit.data.SyntheticDataModule", f"--data.init_args.crop_size={crop}"]
+    out += [f"--data.init_args.batch_size={batch}", "--data.init_args.num_workers=0"]
+    return out
+
+
+def training_callbacks(callbacks: Any) -> list[dict[str, Any]]:
+    """The config's callbacks that take part in training steps: not ``LearningRateMonitor``
+    or ``ModelCheckpoint`` (no logger, no checkpoints), nor the evaluations that run when
+    training ends (``radio_lit.evaluation``: kNN, zero-shot, segmentation probe...)."""
+    unlogged = ("LearningRateMonitor", "ModelCheckpoint")
+    kept = [c for c in callbacks or [] if isinstance(c, dict)]
+    kept = [c for c in kept if not str(c.get("class_path", "")).endswith(unlogged)]
+    return [c for c in kept if not str(c.get("class_path", "")).startswith("radio_lit.evaluation")]
+
+
+def without_saved_config(cli: Any) -> Any:
+    """``cli`` whose trainer does not write the run's ``config.yaml`` when it starts (nothing
+    of a check is kept); the config was parsed and built all the same."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    callbacks = cli.trainer.callbacks
+    callbacks[:] = [c for c in callbacks if not isinstance(c, SaveConfigCallback)]
+    return cli
+
+
+@contextlib.contextmanager
+def students_on(device: str | None) -> Iterator[None]:
+    """Build CPE ViT students' timm trunks on ``device`` (``"meta"``: shapes only, the real
+    architecture at no cost; ``None``: as configured)."""
+    if device is None:
+        yield
+        return
+    import torch
+
+    import radio_lit.students.cpe_vit as cpe_vit
+
+    original = cpe_vit._timm_vit
+
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        with torch.device(device):
+            return original(*args, **kwargs)
+
+    cpe_vit._timm_vit = on_device
+    try:
+        yield
+    finally:
+        cpe_vit._timm_vit = original
+
+
+def build(
+    config: ShippedConfig,
+    *,
+    device: str = "cpu",
+    size: str = "cpu",
+    teacher_depth: int | None = None,
+    keep_strategy: bool = True,
+    student_device: str | None = None,
+    extra: Sequence[str] = (),
+) -> Any:
+    """``config`` built by ``RadioLitCLI`` (:func:`benchmarks.profile_step.build`) for one
+    ``device``. ``size``: ``"real"`` (the real widths, teachers shortened to ``teacher_depth``,
+    one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
+    partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
+    partitions and resolutions as configured: with ``student_device="meta"`` the real
+    architecture of a GPU recipe's student at no cost). ``extra``: more command-line
+    overrides (they come last and win)."""
+    from benchmarks.profile_step import build as profile_build
+
+    raw = merged(config.files)
+    overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
+    teachers = (raw.get("model") or {}).get("teachers") or {}
+    for name, entry in teachers.items():
+        key = f"--model.teachers.{name}"
+        if size in ("cpu", "build"):
+            overrides += tiny_teacher_overrides(key, entry)
+        elif teacher_depth is not None:
+            overrides += short_teacher_overrides(key, entry, teacher_depth)
+    if size == "cpu":
+        overrides += cpu_student_overrides(raw)
+    overrides += one_device_overrides(raw, size, keep_strategy)
+    options = argparse.Namespace(
+        config=str(config.files[0]),
+        pretrained=False,
+        teacher_depth=teacher_depth if size == "real" else None,
+        warmup=1,
+        steps=1,
+        device=device,
+    )
+    with students_on(student_device):
+        return without_saved_config(profile_build(options, [*overrides, *extra]))
+
+
+# ------------------------------------------------------------------------------------------
+# the check
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    config: str
+    ok: bool = False
+    step_ms: float | None = None
+    memory_gib: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class StepTimes:
+    """A Lightning callback: the wall time of every training batch (device-synchronised)."""
+
+    def __init__(self, sync: Any) -> None:
+        self.sync, self.times, self.start = sync, [], 0.0
+
+    def callback(self) -> Any:
+        from lightning.pytorch.callbacks import Callback
+
+        outer = self
+
+        class _Times(Callback):
+            def on_train_batch_start(self, *_: Any) -> None:
+                outer.sync()
+                outer.start = time.perf_counter()
+
+            def on_train_batch_end(self, *_: Any) -> None:
+                outer.sync()
+                outer.times.append(time.perf_counter() - outer.start)
+
+        return _Times()
+
+
+def missing_module(error: BaseException) -> str | None:
+    """The module an import failed on, anywhere in ``error``'s chain, with its package."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and seen.name:
+            top = seen.name.split(".")[0]
+            return f"missing module {top} (pip install {PACKAGES.get(top, top)})"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def cpu_sized(config: ShippedConfig) -> bool:
+    """Whether ``config`` is sized for a CPU as shipped (``trainer.accelerator: cpu``: the
+    quickstarts and ablations), so that it runs as it is, on any device."""
+    return (merged(config.files).get("trainer") or {}).get("accelerator") == "cpu"
+
+
+def check(
+    config: ShippedConfig, args: argparse.Namespace, init_from: str | None, save: Path | None
+) -> Row:
+    """Build ``config`` (starting from ``init_from`` when the config starts from an earlier
+    stage), train ``warmup + steps`` steps, measure (peak memory: CUDA's largest allocation
+    since the config started; on a CPU the process's peak resident memory so far), save the
+    weights to ``save`` (for the next stage); any error fails the row, its first line the
+    note."""
+    import torch
+
+    row = Row(config.name)
+    cuda = args.device == "cuda"
+    shipped = cpu_sized(config)
+    size = "build" if shipped else "real" if cuda else "cpu"
+    depth = args.teacher_depth if size == "real" else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    steps = args.warmup + args.steps
+    cli = None
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        extra = [f"--trainer.max_steps={steps}", f"--trainer.accelerator={args.device}"]
+        if (merged(config.files).get("model") or {}).get("init_from"):
+            extra.append(f"--model.init_from={init_from or 'null'}")
+            row.notes.append(f"from {Path(init_from).stem}" if init_from else "init_from: none")
+        cli = build(config, device=args.device, size=size, teacher_depth=depth, extra=extra)
+        times = StepTimes(sync)
+        cli.trainer.callbacks.append(times.callback())
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        if len(times.times) < steps:
+            raise RuntimeError(f"trained {len(times.times)} of {steps} steps")
+        row.step_ms = 1e3 * statistics.median(times.times[args.warmup :])
+        if cuda:
+            row.memory_gib = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            row.memory_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if save is not None:
+            cli.trainer.save_checkpoint(save)
+        row.ok = True
+        row.notes.insert(0, _sizes_note(cli, depth, size))
+    except Exception as error:  # a failed config is a row, not the end of the check
+        missing = missing_module(error)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        row.notes.insert(0, missing or f"{type(error).__name__}: {first}"[:160])
+    finally:
+        if cli is not None:
+            shutil.rmtree(cli.trainer.default_root_dir, ignore_errors=True)
+        del cli
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return row
+
+
+def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
+    model = cli.model
+    params = sum(p.numel() for p in model.student.parameters()) / 1e6
+    shards = model.partitions.partitions
+    batch = sum(p.batch_size or 0 for p in shards.values()) or cli.datamodule.batch_size
+    parts = f"{len(shards)} partition(s), batch {batch}, {type(cli.trainer.strategy).__name__}"
+    if size == "build":
+        return f"as shipped; {parts}"
+    if size == "cpu":
+        return f"CPU sizes: student {params:.1f}M params, tiny teachers; {parts}"
+    teachers = f"teachers {depth} blocks (open_clip timm trunks whole)"
+    return f"student {params:.0f}M params; {teachers}; {parts}"
+
+
+def print_table(rows: Sequence[Row], device: str) -> None:
+    widths = [44, 6, 10, 10]
+    header = ["config", "result", "step ms", "peak GiB", "note"]
+    print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, [*widths, 0], strict=True)))
+    for row in rows:
+        cells = [
+            row.config,
+            "pass" if row.ok else "FAIL",
+            f"{row.step_ms:.1f}" if row.step_ms is not None else "-",
+            f"{row.memory_gib:.2f}" if row.memory_gib is not None else "-",
+        ]
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+        print(f"{line}  {'; '.join(row.notes)}")
+    passed = sum(r.ok for r in rows)
+    print(f"\n{passed} of {len(rows)} configs pass on {device}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps (median; default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
+    parser.add_argument("--teacher-depth", type=int, default=GPU_TEACHER_DEPTH)
+    parser.add_argument("--only", default=None, help="configs whose name contains this")
+    parser.add_argument(
+        "--budget", type=float, default=330.0, help="seconds; later configs are skipped"
+    )
+    parser.add_argument(
+        "--chain",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start each later stage from the earlier stage's weights, saved after its steps "
+        "(default: on CPU only; a ViT-H checkpoint takes seconds to write and read)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        import torch
+
+        import radio_lit.cli  # noqa: F401  (jsonargparse, lightning, kornia, torchdata...)
+    except ModuleNotFoundError as error:
+        print(f"gpu_check: {missing_module(error)}: radio-lit cannot start without it")
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; run with --device cpu")
+        return 2
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    configs = [c for c in shipped_configs() if args.only is None or args.only in c.name]
+    # quickstarts first: they are fast and say whether the machine works at all; the stages
+    # of a recipe in order
+    configs.sort(key=lambda c: (not c.name.startswith("quickstart"), c.name))
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    chain = args.device == "cpu" if args.chain is None else args.chain
+    stages = {c.path: c for chain_ in stage_chains(configs).values() for c in chain_}
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    saved: dict[Path, str] = {}  # a stage's folder -> its last saved checkpoint
+    start, rows = time.perf_counter(), []
+    for config in configs:
+        if time.perf_counter() - start > args.budget:
+            rows.append(Row(config.name, notes=[f"skipped: past the {args.budget:.0f} s budget"]))
+            continue
+        staged = chain and config.path in stages
+        save = folder / f"{config.name.replace('/', '_')}.ckpt" if staged else None
+        row = check(config, args, saved.pop(config.path.parent, None) if staged else None, save)
+        if save is not None and row.ok:
+            saved[config.path.parent] = str(save)
+        print(f"{row.config}: {'pass' if row.ok else 'FAIL'} {'; '.join(row.notes)}", flush=True)
+        rows.append(row)
+    shutil.rmtree(folder, ignore_errors=True)
+    print_table(rows, device)
+    print(f"total {time.perf_counter() - start:.0f} s; torch {torch.__version__}")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
