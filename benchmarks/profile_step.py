@@ -289,20 +289,41 @@ class PhaseClock:
         module.register_forward_hook(post)
 
 
+#: The module-level names :func:`instrument` wrapped, with their originals: ``(module, name,
+#: original)``; :func:`uninstrument` puts them back (an in-process caller, e.g. a test).
+_PATCHED: list[tuple[Any, str, Any]] = []
+
+
+def _patch(code: Any, name: str, clock: PhaseClock, phase: str) -> None:
+    """``code.<name>`` labelled as ``phase`` until :func:`uninstrument`."""
+    original = getattr(code, name)
+    _PATCHED.append((code, name, original))
+    setattr(code, name, clock.wrap(phase, original))
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`'s patches of module-level names (the built objects' patches
+    go with them)."""
+    while _PATCHED:
+        code, name, original = _PATCHED.pop()
+        setattr(code, name, original)
+
+
 def instrument(cli: Any, clock: PhaseClock) -> None:
-    """Label the step's phases (benchmark-only patches of the built objects and names)."""
+    """Label the step's phases (benchmark-only patches of the built objects and names;
+    :func:`uninstrument` undoes those of names)."""
     import radio_lit.module as module_code
     import radio_lit.step as step_code
     import radio_lit.student_step as student_step_code
 
     module = cli.model
-    step_code.outer_view = clock.wrap("views", step_code.outer_view)
-    student_step_code.teacher_view = clock.wrap("views", student_step_code.teacher_view)
+    _patch(step_code, "outer_view", clock, "views")
+    _patch(student_step_code, "teacher_view", clock, "views")
     instrument_student_step(module, clock)
-    step_code.to_loss_grid = clock.wrap("grid matching", step_code.to_loss_grid)
-    step_code.match_teachers = clock.wrap("grid matching", step_code.match_teachers)
-    step_code.balanced_loss = clock.wrap("losses", step_code.balanced_loss)
-    module_code.idle_heads_term = clock.wrap("losses", module_code.idle_heads_term)
+    _patch(step_code, "to_loss_grid", clock, "grid matching")
+    _patch(step_code, "match_teachers", clock, "grid matching")
+    _patch(step_code, "balanced_loss", clock, "losses")
+    _patch(module_code, "idle_heads_term", clock, "losses")
     module.normalized_targets = clock.wrap("normalizers", module.normalized_targets)
     module.distillation_losses = clock.wrap("losses", module.distillation_losses)
     for name, teacher in module.teachers.items():
@@ -328,12 +349,12 @@ def instrument_student_step(module: Any, clock: PhaseClock) -> None:
     import radio_lit.student_step as student_step_code
     import radio_lit.students.ema as ema_code
 
-    shifts_code.outer_view = clock.wrap("views", shifts_code.outer_view)
+    _patch(shifts_code, "outer_view", clock, "views")
     for code in (shifts_code, step_code):
-        code.cut_view = clock.wrap("shifts", code.cut_view)
+        _patch(code, "cut_view", clock, "shifts")
     for code in (step_code, ema_code):
-        code.to_crop_frame = clock.wrap("shifts", code.to_crop_frame)
-    student_step_code.mesa_loss = clock.wrap("losses", student_step_code.mesa_loss)
+        _patch(code, "to_crop_frame", clock, "shifts")
+    _patch(student_step_code, "mesa_loss", clock, "losses")
     step = module.student_step
     step.views = clock.wrap("shifts", step.views)
     if step.damp is not None:
@@ -810,7 +831,10 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cpu"
         else "times device-synchronised at every phase boundary"
     )
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        uninstrument()
     report(args, cli, driver, notes)
 
 

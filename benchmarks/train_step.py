@@ -72,6 +72,7 @@ from benchmarks.profile_step import (  # noqa: E402
     copy_counts,
     instrument,
     start_profile,
+    uninstrument,
 )
 
 #: Callbacks of a config that radio-lit's side keeps (the rest change what a steady-state step
@@ -465,7 +466,8 @@ class PlainStep:
         import torch
         import torch.nn.functional as F
 
-        from radio_lit.student_step import run_seed
+        from radio_lit.random_streams import RankStream
+        from radio_lit.student_step import FORWARD_STREAM, run_seed
         from radio_lit.students.spectral_reparam import spectral_step
 
         device = self.device
@@ -507,7 +509,11 @@ class PlainStep:
             with clock.phase("views"):
                 mean, std = self.student_pixels
                 view = (resized[self.size] - mean) / std
-            with spectral_step(self.student), clock.phase("student forward"):
+            if number == 0:  # the CPE windows and dropout of rank 0's training forwards
+                self.stream = RankStream(FORWARD_STREAM)
+                self.stream.start(run_seed(), 0)
+            forward, stream = clock.phase("student forward"), self.stream.active(device)
+            with spectral_step(self.student), forward, stream:
                 student = self.student(view)
             for name, (summary_target, _) in outputs.items():
                 heads, target = self.heads[name], targets[name]
@@ -580,7 +586,10 @@ def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -
     trainer.callbacks[:] = [c for c in trainer.callbacks if type(c).__name__ in KEPT_CALLBACKS]
     trainer.callbacks += [FirstStep(), driver.callback()]
     total = args.warmup + args.steps + 2
-    trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
+    try:
+        trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
+    finally:
+        uninstrument()
     side.step_times, side.phase_times = driver.step_times, driver.phase_times
     side.events = list(driver.profile.events())
     for optimizer in trainer.optimizers:  # its state and weights are not needed any more

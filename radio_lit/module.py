@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from radio_lit import step
+import radio_lit.step as step
 from radio_lit.cache.batch import CachedBatch, student_pixels
 from radio_lit.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view

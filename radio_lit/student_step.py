@@ -53,8 +53,9 @@ __all__ = ["DAMP", "MESA", "PatchShifts", "StudentStep", "run_seed", "student_sh
 
 Triple = tuple[float, float, float]
 
-#: :class:`~radio_lit.random_streams.RankStream` purposes.
-_FORWARD, _SHIFTS = 1, 2
+#: :class:`~radio_lit.random_streams.RankStream` purposes: the student's training forwards
+#: (CPE windows, dropout, DAMP's noise) and the view shifts.
+FORWARD_STREAM, SHIFT_STREAM = 1, 2
 
 
 def run_seed() -> int:
@@ -101,7 +102,7 @@ class StudentStep:
         self.damp = damp
         self.mesa = mesa
         self.margin = shifts.margin if shifts is not None else 0.0
-        self.streams = {"forward": RankStream(_FORWARD), "shifts": RankStream(_SHIFTS)}
+        self.streams = {"forward": RankStream(FORWARD_STREAM), "shifts": RankStream(SHIFT_STREAM)}
 
     def begin(self, student: Student, step: int, rank: int = 0) -> None:
         """Before training step ``step`` (the optimizer step, restored on resume) on global

@@ -3,12 +3,18 @@ one config through the whole script, and a missing module named with its package
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 from benchmarks import gpu_check
 
 
 def test_the_check_runs_a_config_and_prints_its_row(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["gpu_check.py"])
-    code = gpu_check.main(["--device", "cpu", "--only", "quickstart.yaml", "--steps", "1"])
+    for name in ("lightning.pytorch", "lightning.fabric"):  # the script quiets them
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    with warnings.catch_warnings():  # and ignores warnings: not for the tests after this one
+        code = gpu_check.main(["--device", "cpu", "--only", "quickstart.yaml", "--steps", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     header = next(line for line in out.splitlines() if line.startswith("config"))

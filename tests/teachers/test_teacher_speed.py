@@ -108,7 +108,7 @@ def test_no_recompiles_once_every_shape_of_a_config_ran(tmp_path, caplog):
     images = torch.randint(0, 256, (60, 3, 96, 96), dtype=torch.uint8)
     loader = torch.utils.data.DataLoader(images, batch_size=6)
     logger = TensorBoardLogger(tmp_path, name="run", version=0)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")  # rank_zero_info's
     trainer = cpu_trainer(tmp_path, max_steps=6, logger=logger, log_every_n_steps=1)
     trainer.fit(module, loader)
     runners = {n: t.speed_runner for n, t in module.teachers.items()}
