@@ -5,6 +5,7 @@ backend asked for or refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -154,6 +155,13 @@ def test_a_teachers_own_compile_false_keeps_it_eager_under_model_compile():
 
 
 def test_fp8_is_refused_without_a_capable_gpu(monkeypatch):
+    """The GPU check is reached with or without torchao installed (torchao's presence faked)."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "torchao" else find_spec(name, *a),
+    )
     if speed_module.fp8_refusal() is None:
         pytest.skip("this machine runs FP8 teachers")
     with pytest.raises(ConfigError, match=r"speed\.fp8: .*(GPU|compute capability)"):
