@@ -174,11 +174,13 @@ def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
 
 def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) -> Any:
     """The ``RadioLitCLI`` of the config with random weights and the profiler's overrides;
-    ``max_steps`` is ``--warmup + --steps + extra_steps``. With ``--teacher-depth``, teachers
+    ``max_steps`` is ``--warmup + --steps + extra_steps``; its evaluation measures are left
+    out of the trainer. With ``--teacher-depth``, teachers
     whose config cannot set their depth (open_clip's timm trunks) are shortened once built."""
     import yaml
 
     from radio_lit.cli import RadioLitCLI
+    from radio_lit.evaluation.base import Evaluation
 
     config = yaml.safe_load(Path(args.config).read_text())
     model = config.get("model", {})
@@ -202,6 +204,9 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
     if config.get("trainer", {}).get("logger"):
         extra.append(f"--trainer.logger.init_args.save_dir={root}")
     cli = RadioLitCLI(run=False, args=["--config", args.config, *extra, *overrides])
+    # The config's evaluation measures are built (their errors are the config's) but not run:
+    # they run at the end of fit, after the steps measured here.
+    cli.trainer.callbacks[:] = [c for c in cli.trainer.callbacks if not isinstance(c, Evaluation)]
     if args.teacher_depth is not None:
         for name, teacher in cli.model.teachers.items():
             shorten_trunk(name, teacher, args.teacher_depth)

@@ -25,10 +25,14 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
+
 from benchmarks.gpu_check import ShippedConfig, build, merged, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, ShippedConfig] = {c.name: c for c in shipped_configs(ROOT)}
+#: The modules that read the builds run in one pytest-xdist worker, which builds each once.
+SHARES_BUILDS = pytest.mark.xdist_group("shipped-configs")
 
 
 def raw(name: str) -> dict[str, Any]:

@@ -12,7 +12,17 @@ import torch
 from benchmarks.gpu_check import stage_chains, world_size
 from radio_lit.module import DistillationModule
 from radio_lit.students import CPEViT
-from tests.configs.shipped import CONFIGS, ROOT, built, gpu_recipe, model_id_problems, raw
+from tests.configs.shipped import (
+    CONFIGS,
+    ROOT,
+    SHARES_BUILDS,
+    built,
+    gpu_recipe,
+    model_id_problems,
+    raw,
+)
+
+pytestmark = [SHARES_BUILDS, pytest.mark.slow]
 
 NAMES = sorted(CONFIGS)
 CHAINS = stage_chains(list(CONFIGS.values()))
