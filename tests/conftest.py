@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-#: Rough cost of a test for ordering the work of pytest-xdist's workers (see below).
+#: Rough cost of a test, for ordering pytest-xdist's work (:func:`pytest_collection_modifyitems`).
 _COST = {"slurm": 8.0, "distributed": 3.0, "slow": 2.0}
+#: Folders whose modules share one cache (the shipped configs' builds): one unit of work.
+_SHARED = ("tests/configs/",)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,17 +25,30 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
-@pytest.hookimpl(tryfirst=True)
+def _unit(nodeid: str) -> str:
+    """A test's unit of pytest-xdist work: its module (so that module fixtures are set up
+    once), or the folder of :data:`_SHARED` it is in."""
+    path = nodeid.split("::")[0]
+    return next((folder for folder in _SHARED if path.startswith(folder)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each worker takes whole units (:func:`_unit`), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """pytest-xdist's work units (``--dist loadgroup``): a test module is one unit, so that its
-    module fixtures are set up once, unless its tests name a group of their own
-    (``pytest.mark.xdist_group``: modules that share one cache). The costliest units come
-    first, so that no long one starts last."""
-    groups: dict[str, list[pytest.Item]] = {}
+    """The costliest units first (by their tests' marks), so that no long one starts last."""
+    units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-        groups.setdefault(item.get_closest_marker("xdist_group").args[0], []).append(item)
+        units.setdefault(_unit(item.nodeid), []).append(item)
 
     def cost(tests: list[pytest.Item]) -> float:
         return sum(
@@ -40,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for t in tests
         )
 
-    items[:] = [t for tests in sorted(groups.values(), key=cost, reverse=True) for t in tests]
+    items[:] = [t for tests in sorted(units.values(), key=cost, reverse=True) for t in tests]
 
 
 @pytest.fixture(autouse=True)

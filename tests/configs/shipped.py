@@ -11,7 +11,8 @@ YAML is built by the tests the day it is added. Each is built by ``RadioLitCLI``
 - :func:`cpu_sized`: a GPU recipe at CPU size (a 2-block, width-64 student of the same timm
   family, tiny teachers, 32-64 px), which takes optimizer steps.
 
-Builds are cached by name: the tests of ``tests/configs`` and the ablation tests share them.
+Builds are cached by name: the modules of ``tests/configs`` share them (and run in one
+pytest-xdist worker: ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import pytest
-
 from benchmarks.gpu_check import ShippedConfig, build, merged, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, ShippedConfig] = {c.name: c for c in shipped_configs(ROOT)}
-#: The modules that read the builds run in one pytest-xdist worker, which builds each once.
-SHARES_BUILDS = pytest.mark.xdist_group("shipped-configs")
 
 
 def raw(name: str) -> dict[str, Any]:

@@ -15,11 +15,9 @@ from radio_lit.export.convert import radio_incompatibilities
 from radio_lit.students import CPEViT
 from radio_lit.students.heads import summary_token_slots
 from tests.builders import tiny_module, tiny_student
-from tests.configs.shipped import ROOT, SHARES_BUILDS, built
+from tests.configs.shipped import ROOT, built
 from tests.export.radio_reference import reference_forward
 from tests.export.tiny_export import own_outputs
-
-pytestmark = SHARES_BUILDS
 
 STAGES = [f"recipes/c-radio/stage{i}.yaml" for i in (1, 2, 3)]
 

@@ -11,9 +11,7 @@ from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.students.sharding import FSDP2
-from tests.configs.shipped import CONFIGS, SHARES_BUILDS, built, gpu_recipe, raw
-
-pytestmark = SHARES_BUILDS
+from tests.configs.shipped import CONFIGS, built, gpu_recipe, raw
 
 RECIPES = sorted(name for name in CONFIGS if gpu_recipe(name))
 PHI_S_STAGES = [f"stage{i}.yaml" for i in (1, 2, 3)]

@@ -15,14 +15,13 @@ from radio_lit.students import CPEViT
 from tests.configs.shipped import (
     CONFIGS,
     ROOT,
-    SHARES_BUILDS,
     built,
     gpu_recipe,
     model_id_problems,
     raw,
 )
 
-pytestmark = [SHARES_BUILDS, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 NAMES = sorted(CONFIGS)
 CHAINS = stage_chains(list(CONFIGS.values()))

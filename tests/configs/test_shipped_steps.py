@@ -13,9 +13,9 @@ import torch
 
 from benchmarks.gpu_check import stage_chains
 from radio_lit.export.checkpoint import checkpoint_inference_model
-from tests.configs.shipped import CONFIGS, SHARES_BUILDS, built, cpu_sized, gpu_recipe
+from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe
 
-pytestmark = [SHARES_BUILDS, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 CPU_SIZED = sorted(name for name in CONFIGS if not gpu_recipe(name))
 CHAINS = stage_chains(list(CONFIGS.values()))

@@ -18,9 +18,7 @@ from radio_lit.normalizers import (
     ZCAWhiten,
 )
 from radio_lit.teachers import TABLE7, RescaledTeacher
-from tests.configs.shipped import SHARES_BUILDS, built, raw
-
-pytestmark = SHARES_BUILDS
+from tests.configs.shipped import built, raw
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "ablations"
