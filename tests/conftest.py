@@ -10,8 +10,10 @@ import pytest
 
 #: Rough cost of a test, for ordering pytest-xdist's work (:func:`pytest_collection_modifyitems`).
 _COST = {"slurm": 8.0, "distributed": 3.0, "slow": 2.0}
-#: Folders whose modules share one cache (the shipped configs' builds): one unit of work.
-_SHARED = ("tests/configs/",)
+#: Folders whose modules are one unit of work: tests/configs share one cache (the shipped
+#: configs' builds); each module of tests/cluster starts many processes (SLURM jobs, torchrun
+#: agents and their ranks), and two such at once on two cores slow both.
+_SHARED = ("tests/configs/", "tests/cluster/")
 
 
 def pytest_configure(config: pytest.Config) -> None:
