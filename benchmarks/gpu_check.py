@@ -515,7 +515,7 @@ def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
 
 
 def print_table(rows: Sequence[Row], device: str) -> None:
-    widths = [44, 6, 10, 10]
+    widths = [max(len("config"), *(len(r.config) for r in rows)), 6, 10, 10]
     header = ["config", "result", "step ms", "peak GiB", "note"]
     print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, [*widths, 0], strict=True)))
     for row in rows:
