@@ -173,7 +173,7 @@ class LocalSlurm:
                 return state
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is {state}, not {states}: {self.logs()}")
-            time.sleep(0.5)
+            time.sleep(1)
 
     def logs(self) -> str:
         texts = []
