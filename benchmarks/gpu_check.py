@@ -304,6 +304,7 @@ def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) ->
     crop = CPU_CROP if size == "cpu" else int(data.get("crop_size", 256))
     out += ["--data=radio_lit.data.SyntheticDataModule", f"--data.init_args.crop_size={crop}"]
     out += [f"--data.init_args.batch_size={batch}", "--data.init_args.num_workers=0"]
+    out.append(f"--data.init_args.num_samples={max(64, batch)}")  # one batch at least
     return out
 
 
@@ -359,6 +360,7 @@ def build(
     teacher_depth: int | None = None,
     keep_strategy: bool = True,
     student_device: str | None = None,
+    build_on_host: bool = False,
     extra: Sequence[str] = (),
 ) -> Any:
     """``config`` built by ``RadioLitCLI`` (:func:`benchmarks.profile_step.build`) for one
@@ -366,8 +368,9 @@ def build(
     one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
     partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
     partitions and resolutions as configured: with ``student_device="meta"`` the real
-    architecture of a GPU recipe's student at no cost). ``extra``: more command-line
-    overrides (they come last and win)."""
+    architecture of a GPU recipe's student at no cost). The models are created on ``device``
+    unless ``build_on_host`` (:func:`benchmarks.profile_step.on_device`). ``extra``: more
+    command-line overrides (they come last and win)."""
     from benchmarks.profile_step import build as profile_build
 
     raw = merged(config.files)
@@ -389,6 +392,7 @@ def build(
         warmup=1,
         steps=1,
         device=device,
+        build_on_host=build_on_host,
     )
     with students_on(student_device):
         return without_saved_config(profile_build(options, [*overrides, *extra]))
@@ -471,7 +475,15 @@ def check(
         if (merged(config.files).get("model") or {}).get("init_from"):
             extra.append(f"--model.init_from={init_from or 'null'}")
             row.notes.append(f"from {Path(init_from).stem}" if init_from else "init_from: none")
-        cli = build(config, device=args.device, size=size, teacher_depth=depth, extra=extra)
+        try:
+            cli = build(config, device=args.device, size=size, teacher_depth=depth, extra=extra)
+        except Exception as error:  # a library that cannot build under a GPU default device
+            if not cuda:
+                raise
+            gc.collect()
+            on_host = dict(size=size, teacher_depth=depth, build_on_host=True)
+            cli = build(config, device="cuda", extra=extra, **on_host)
+            row.notes.append(f"built on the host: on the GPU, {_first_line(error)}")
         times = StepTimes(sync)
         cli.trainer.callbacks.append(times.callback())
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -487,9 +499,7 @@ def check(
         row.ok = True
         row.notes.insert(0, _sizes_note(cli, depth, size))
     except Exception as error:  # a failed config is a row, not the end of the check
-        missing = missing_module(error)
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        row.notes.insert(0, missing or f"{type(error).__name__}: {first}"[:160])
+        row.notes.insert(0, missing_module(error) or _first_line(error))
     finally:
         if cli is not None:
             shutil.rmtree(cli.trainer.default_root_dir, ignore_errors=True)
@@ -498,6 +508,11 @@ def check(
         if cuda:
             torch.cuda.empty_cache()
     return row
+
+
+def _first_line(error: BaseException) -> str:
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}"[:160]
 
 
 def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
@@ -566,9 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     configs = [c for c in shipped_configs() if args.only is None or args.only in c.name]
-    # quickstarts first: they are fast and say whether the machine works at all; the stages
-    # of a recipe in order
-    configs.sort(key=lambda c: (not c.name.startswith("quickstart"), c.name))
+    # quickstarts first: they are fast and say whether the machine works at all; then the
+    # configs written for GPUs (what a lent GPU is for, ahead of the budget), the stages of a
+    # recipe in order; the CPU-sized ablation rows last
+    configs.sort(key=lambda c: (not c.name.startswith("quickstart"), cpu_sized(c), c.name))
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     chain = args.device == "cpu" if args.chain is None else args.chain
     stages = {c.path: c for chain_ in stage_chains(configs).values() for c in chain_}

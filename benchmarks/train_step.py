@@ -128,6 +128,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
+#: Passes over the shipped photographs (10) per epoch: 640 random crops, more than a batch.
+PHOTO_REPEATS = 64
+
+
 def device_overrides(
     config: dict[str, Any], args: argparse.Namespace
 ) -> tuple[list[str], list[str]]:
@@ -162,6 +166,8 @@ def device_overrides(
             "--data.init_args.train_dir=radio_lit:sample_images",
             f"--data.init_args.crop_size={crop}",
             "--data.init_args.num_workers=0",
+            # 64 passes over the 10 photographs: a GPU batch (stage 1: 32) needs more than 10
+            f"--data.init_args.repeats={PHOTO_REPEATS}",
         ]
         notes.append(f"data: the shipped photographs, {crop} px crops")
         if batch is None and args.device == "cpu":

@@ -87,7 +87,7 @@ def _converged_state(mats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(u, v, sigma)`` of ``mats [C, m, n]`` after :data:`_INIT_POWER_ITERATIONS` steps from a
     fixed start (the same on every rank; the global RNG is left alone)."""
     generator = torch.Generator().manual_seed(0)
-    start = torch.randn(mats.shape[:2], generator=generator).to(mats.device)
+    start = torch.randn(mats.shape[:2], generator=generator, device="cpu").to(mats.device)
     u, v = _power_iteration(mats, F.normalize(start, dim=-1), _INIT_POWER_ITERATIONS)
     return u, v, _sigma(mats, u, v).reshape(-1)
 

@@ -150,7 +150,7 @@ class FixedPatternTeacher(Teacher):
         pattern = self._patterns.get(grid)
         if pattern is None:
             generator = torch.Generator().manual_seed(self.seed)
-            noise = torch.randn(*grid, self.feature_dim, generator=generator)
+            noise = torch.randn(*grid, self.feature_dim, generator=generator, device="cpu")
             mask = pattern_mask(self.kind, grid, self.band, self.window)
             z = noise * mask[..., None]
             z = z / z.square().mean((0, 1)).sqrt().clamp_min(1e-12)

@@ -178,8 +178,8 @@ def channel_targets(stats: FeatureStatistics, dim: int, seed: int = 0) -> tuple[
         )
     (mu_lo, mu_hi), (sd_lo, sd_hi) = stats.channel_mean, stats.channel_std
     generator = torch.Generator().manual_seed(seed)
-    w = torch.rand(dim - 2, generator=generator, dtype=torch.float64)
-    g = torch.rand(dim - 2, generator=generator, dtype=torch.float64) * 2 - 1
+    w = torch.rand(dim - 2, generator=generator, dtype=torch.float64, device="cpu")
+    g = torch.rand(dim - 2, generator=generator, dtype=torch.float64, device="cpu") * 2 - 1
     g = g - g.mean()
     lam = 0.5 * spare * dim / w.sum()
     tau = math.sqrt(0.5 * spare * dim / (g * g).sum())
@@ -228,7 +228,9 @@ def calibration_features(teacher: Teacher, images: str, views: int, seed: int) -
 
 def _mixing(dim: int, inner_dim: int, generator: torch.Generator) -> Tensor:
     """``P [dim, inner_dim]`` with orthonormal columns (``dim >= inner_dim``) or rows."""
-    gaussian = torch.randn(max(dim, inner_dim), min(dim, inner_dim), generator=generator)
+    gaussian = torch.randn(
+        max(dim, inner_dim), min(dim, inner_dim), generator=generator, device="cpu"
+    )
     q, _ = torch.linalg.qr(gaussian.double())
     return q if dim >= inner_dim else q.T
 

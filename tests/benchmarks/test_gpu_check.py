@@ -1,10 +1,14 @@
 """benchmarks/gpu_check.py on this machine's CPU (its building is every test of tests/configs):
-one config through the whole script, and a missing module named with its package."""
+one config through the whole script, a missing module named with its package, synthetic data
+that holds a batch; on a GPU (``gpu``), the models created there."""
 
 from __future__ import annotations
 
 import logging
 import warnings
+
+import pytest
+import torch
 
 from benchmarks import gpu_check
 
@@ -33,3 +37,27 @@ def test_a_missing_module_is_named_with_the_package_to_install():
         "missing module open_clip (pip install open_clip_torch)"
     )
     assert gpu_check.missing_module(ValueError("another problem")) is None
+
+
+def test_the_synthetic_data_holds_one_gpu_batch_of_every_recipe():
+    """Found on an H200: PHI-S stage 1's one-GPU batch (128) exceeded the 64 synthetic images
+    and the config failed before its first step."""
+    for config in gpu_check.shipped_configs():
+        args = gpu_check.one_device_overrides(gpu_check.merged(config.files), "real", True)
+        value = dict(a.split("=", 1) for a in args if a.startswith("--data.init_args."))
+        batch = int(value["--data.init_args.batch_size"])
+        assert int(value["--data.init_args.num_samples"]) >= batch, config.name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_check_builds_the_models_on_the_gpu(capsys, monkeypatch):
+    """On CUDA the models are created on the GPU (no fallback to the host), and step."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    with warnings.catch_warnings():
+        code = gpu_check.main(["--only", "quickstart.yaml", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("quickstart.yaml  "))
+    assert row.split()[1] == "pass" and "built on the host" not in row, row

@@ -1,10 +1,13 @@
 """benchmarks/train_step.py: radio-lit's step beside a plain PyTorch loop on the quickstart,
 per phase, with the same first loss."""
 
+import argparse
 import logging
 import warnings
+from pathlib import Path
 
 import pytest
+import yaml
 
 import radio_lit.step
 from benchmarks import train_step
@@ -36,3 +39,13 @@ def test_the_plain_loop_comparison_runs_on_the_quickstart(monkeypatch, capsys):
     assert lines[-1].startswith("ratio (radio-lit / plain PyTorch): ")
     float(lines[-1].rsplit(": ", 1)[1])
     assert radio_lit.step.match_teachers is match_teachers, "the profiler's labels are undone"
+
+
+def test_a_gpu_run_of_stage1_has_photographs_for_its_whole_batch():
+    """Found on an H200: stage 1's batch of 32 on the 10 shipped photographs failed before the
+    first step; each pass over them is repeated so that a batch fits."""
+    config = yaml.safe_load(Path("configs/stage1.yaml").read_text())
+    args = argparse.Namespace(device="cuda", batch_size=None, teacher_depth=8)
+    out, _ = train_step.device_overrides(config, args)
+    value = dict(a.split("=", 1) for a in out if a.startswith("--data.init_args."))
+    assert 10 * int(value["--data.init_args.repeats"]) >= config["data"]["init_args"]["batch_size"]

@@ -30,18 +30,38 @@ def test_the_ema_follows_a_bf16_fsdp2_student_whose_roots_stay_gathered(tmp_path
         assert "but the live parameter a plain" in result["mismatch"]
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return full.float().cpu().clone()  # at world size 1 a full tensor can be the shard itself
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path):
+def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path, monkeypatch):
     """The issue's path: radio_lit.strategies.ModelParallelStrategy on one CUDA device,
-    bf16-mixed, an EMA student with MESA: two optimizer steps, the EMA moved."""
+    bf16-mixed, an EMA student with MESA, two optimizer steps. Each update is checked where it
+    happens (the live weights moved; the EMA is the exact lerp towards them), then the EMA
+    read after ``fit``. On an H200 (torch 2.11) the crash was gone but the EMA read after
+    ``fit`` equalled its start: these checks say which of the three failed."""
     from radio_lit.strategies import ModelParallelStrategy
-    from radio_lit.students.ema import MESA
+    from radio_lit.students.ema import MESA, EMAStudent, _reshard
     from tests.builders import cpu_trainer, image_batches, tiny_module
 
+    updates = []
+    update = EMAStudent.update
+
+    def recorded(ema: EMAStudent, student: torch.nn.Module, heads: torch.nn.Module) -> None:
+        _reshard(ema)  # after the MESA forward the root holds gathered bf16 copies
+        before = _full(ema.student.patch_embed.proj.weight)
+        update(ema, student, heads)
+        live = _full(student.patch_embed.proj.weight)
+        updates.append((before, live, _full(ema.student.patch_embed.proj.weight)))
+
+    monkeypatch.setattr(EMAStudent, "update", recorded)
     torch.manual_seed(0)
     module = tiny_module(mesa=MESA(decay=0.5))
-    start = module.ema.student.patch_embed.proj.weight.detach().clone()
+    start = _full(module.student.patch_embed.proj.weight)
     strategy = ModelParallelStrategy(
         data_parallel_size=1, tensor_parallel_size=1, timeout=timedelta(seconds=120)
     )
@@ -49,5 +69,9 @@ def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path):
         tmp_path, accelerator="gpu", devices=1, strategy=strategy, precision="bf16-mixed"
     )
     trainer.fit(module, image_batches())
-    moved = module.ema.student.patch_embed.proj.weight.full_tensor().cpu()
-    assert not torch.equal(moved, start)
+    assert len(updates) == 2, "the EMA follows every optimizer step"
+    assert not torch.equal(updates[-1][1], start), "the live student did not move"
+    for before, live, after in updates:
+        torch.testing.assert_close(after, 0.5 * before + 0.5 * live)  # decay 0.5
+    assert not torch.equal(updates[-1][2], start), "the EMA did not move"
+    torch.testing.assert_close(_full(module.ema.student.patch_embed.proj.weight), updates[-1][2])
