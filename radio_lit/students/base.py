@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.export
 from torch import Tensor, nn
 
 
@@ -19,6 +20,13 @@ class StudentOutput:
 
     summary: Tensor
     features: Tensor
+
+
+# A pytree node, so that what traverses a module's output sees its tensors: FSDP2 registers its
+# pre-backward hook on the tensors of a sharded module's output (torch <= 2.13 flattens it as a
+# pytree: an unregistered dataclass is one opaque leaf, no hook is registered, the gradients are
+# never reduce-scattered to the sharded parameters and the optimizer silently updates nothing).
+torch.export.register_dataclass(StudentOutput)
 
 
 class Student(nn.Module):

@@ -1,6 +1,6 @@
 """The EMA update under FSDP2 with a bf16 MixedPrecisionPolicy (issue 30 item 3), at world size
 1 and 2 on CPU/gloo (runs ``fsdp2_ema_worker.py``), and on one CUDA device with Lightning's
-bf16-mixed precision when a GPU is present."""
+bf16-mixed precision when a GPU is present; the student's output visible to FSDP2."""
 
 from __future__ import annotations
 
@@ -30,6 +30,19 @@ def test_the_ema_follows_a_bf16_fsdp2_student_whose_roots_stay_gathered(tmp_path
         assert "but the live parameter a plain" in result["mismatch"]
 
 
+def test_a_students_output_shows_fsdp2_its_tensors():
+    """FSDP2 in torch <= 2.13 flattens a sharded module's output as a pytree to hook its
+    backward: a student output that is one opaque leaf leaves the gradients unreduced and the
+    sharded weights untrained (seen with torch 2.11 on an H200 and on CPU)."""
+    from torch.utils._pytree import tree_flatten
+
+    from radio_lit.students.base import StudentOutput
+
+    summary, features = torch.zeros(2, 1, 4), torch.zeros(2, 3, 3, 4)
+    leaves, _ = tree_flatten(StudentOutput(summary, features))
+    assert len(leaves) == 2 and leaves[0] is summary and leaves[1] is features
+
+
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.detach()
     full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
@@ -42,8 +55,9 @@ def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path, 
     """The issue's path: radio_lit.strategies.ModelParallelStrategy on one CUDA device,
     bf16-mixed, an EMA student with MESA, two optimizer steps. Each update is checked where it
     happens (the live weights moved; the EMA is the exact lerp towards them), then the EMA
-    read after ``fit``. On an H200 (torch 2.11) the crash was gone but the EMA read after
-    ``fit`` equalled its start: these checks say which of the three failed."""
+    read after ``fit``. On an H200 with torch 2.11 the EMA read after ``fit`` equalled its
+    start: the live student had not moved (its output was opaque to FSDP2: the test above);
+    the same run on CPU with torch 2.11 passes since the fix."""
     from radio_lit.strategies import ModelParallelStrategy
     from radio_lit.students.ema import MESA, EMAStudent, _reshard
     from tests.builders import cpu_trainer, image_batches, tiny_module
