@@ -172,6 +172,14 @@ def read_hf(folder: str | Path, pad: bool = False) -> RadioLitModel:
                 f"{folder} has no {name}: expected a folder written by radio-lit export --format hf"
             )
     config = json.loads((folder / CONFIG_NAME).read_text())
+    calls = (config.get("radio_lit") or {}).get("calls") or {}
+    if "radio" not in config and calls:  # radio-lit export --format timm: the backbone alone
+        raise ValueError(
+            f"{folder} is a radio-lit export --format timm folder (the backbone alone, for "
+            f"timm's and transformers' C-RADIO classes): load it with {calls['transformers']} "
+            f"or {calls['naflexvit']}; radio_lit.load takes the checkpoint's other exports "
+            "(.safetensors, --format hf), which keep the teachers' heads"
+        )
     if "radio" not in config:
         raise ValueError(
             f"{folder / CONFIG_NAME} was not written by radio-lit export (no 'radio' entry, "

@@ -151,6 +151,10 @@ def test_the_export_prints_the_calls_it_records(c_radio_run: Path, tmp_path: Pat
     assert lines[2] == calls["naflexvit"] + "  # any resolution"
     assert lines[3] == calls["vit"] + "  # exact at 64x64 px only"
     assert lines[4] == f"transformers.RadioModel.from_pretrained('{tmp_path / 'out'}')"
+    # radio_lit.load of that folder names what loads it instead
+    with pytest.raises(ValueError, match=r"is a radio-lit export --format timm folder") as error:
+        radio_lit.load(tmp_path / "out")
+    assert calls["transformers"] in str(error.value) and "\n" not in str(error.value)
 
 
 def test_ema_weights_are_what_timm_loads(c_radio_run: Path, tmp_path: Path) -> None:
