@@ -26,12 +26,11 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.files import refuse_overwrite, save_radio, save_safetensors
 from radio_lit.export.hf import export_hf
 from radio_lit.export.onnx import external_data, save_onnx
+from radio_lit.export.progress import stages
 from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm
 
@@ -147,7 +146,7 @@ def main(argv: list[str]) -> None:
         print("\n".join([*map(str, paths), *calls]))
         return
     written = []
-    with tqdm(total=1 + len(formats), unit="step", desc="export", dynamic_ncols=True) as bar:
+    with stages(1 + len(formats)) as bar:
         bar.set_postfix_str("fold normalizers")
         model = exported_model(args.checkpoint, args.config, args.ema)
         bar.update()

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm.auto import tqdm
 
 from radio_lit.export.card import (
     LICENCE_NAME,
@@ -49,6 +48,7 @@ from radio_lit.export.checkpoint import run_config
 from radio_lit.export.files import CONFIG_NAME, HF_PREFIX, WEIGHTS_NAME, save_umask_file
 from radio_lit.export.logged import run_metrics
 from radio_lit.export.model import RadioLitModel, adaptor_shapes, from_radio_keys
+from radio_lit.export.progress import stages
 from radio_lit.export.source import exported_model
 
 PREPROCESSOR_NAME = "preprocessor_config.json"
@@ -210,7 +210,7 @@ def export_hf(
     """
     checkpoint, folder = Path(checkpoint), Path(folder)
     config = Path(config) if config is not None else run_config(checkpoint)
-    with tqdm(total=3, unit="step", desc="export", dynamic_ncols=True) as bar:
+    with stages(3) as bar:
         bar.set_postfix_str("fold normalizers")
         model: RadioLitModel = select_heads(exported_model(checkpoint, config, ema), heads)
         bar.update()
