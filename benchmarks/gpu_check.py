@@ -17,7 +17,7 @@ tiny teachers of the same families, a student of the same family shrunk to 2 blo
 64, 2 images per partition at 32-64 px, float32; the tests build every config this way
 (``tests/configs/``).
 
-    python benchmarks/gpu_check.py                    # on a lent GPU: at most ~6 min on an H100
+    python benchmarks/gpu_check.py                    # on a lent GPU (aim: <= 6 min on an H100)
     python benchmarks/gpu_check.py --device cpu       # anywhere: tiny sizes (~1-2 min)
     python benchmarks/gpu_check.py --only c-radio     # the configs whose name contains c-radio
 
