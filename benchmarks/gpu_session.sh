@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every GPU check of radio-lit in one call, in order of importance, each step's output kept in
+# OUTDIR (default: gpu-session/): benchmarks/gpu_check.py (every shipped config built and
+# stepped: gpu_check.txt), the `gpu` tests (gpu_tests.txt), then radio-lit's stage-1 step
+# against a plain PyTorch loop (train_step.txt). Each step has its own time limit, so that one
+# that hangs leaves the others their time; about 9 minutes in all on one H200.
+#
+#   bash benchmarks/gpu_session.sh [OUTDIR]
+#
+# On a machine without radio-lit's dependencies and no package index, put their wheels in a
+# folder and name it: WHEELS=path/to/wheels bash benchmarks/gpu_session.sh (installed with
+# --no-deps into a temporary folder put first on PYTHONPATH; nothing else is changed).
+# PYTHON names the interpreter (default: python3).
+set -u
+py=${PYTHON:-python3}
+out=${1:-gpu-session}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl \
+    || { echo "gpu_session: the wheels in $WHEELS did not install"; exit 2; }
+  export PYTHONPATH="$site:$PYTHONPATH"
+fi
+start=$(date +%s)
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep and show the output's end
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name ($(($(date +%s) - start)) s in)"
+  timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+  echo "exit $?" >> "$out/$name.txt"
+  tail -n 45 "$out/$name.txt"
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$py" -c "import torch, lightning, timm, transformers; print('torch', torch.__version__, \
+'lightning', lightning.__version__, 'timm', timm.__version__, 'transformers', transformers.__version__)"
+  git log -1 --format='radio-lit %h' 2>/dev/null; } > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+step gpu_check 330 "$py" benchmarks/gpu_check.py --budget 270
+step gpu_tests 120 "$py" -m pytest -m gpu -q -rA -p no:cacheprovider $(grep -rl "mark.gpu" tests)
+step train_step 150 "$py" benchmarks/train_step.py --config configs/stage1.yaml --device cuda --teacher-depth 8
+echo "== done in $(($(date +%s) - start)) s; outputs in $out/"
