@@ -71,6 +71,7 @@ from benchmarks.profile_step import (  # noqa: E402
     build,
     copy_counts,
     instrument,
+    return_freed_memory,
     start_profile,
     uninstrument,
 )
@@ -175,18 +176,6 @@ def device_overrides(
     if batch is not None:
         out.append(f"--data.init_args.batch_size={batch}")
     return out, notes
-
-
-def return_freed_memory() -> None:
-    """Let glibc give freed tensors back to the OS at once (allocations of 64 KiB and more are
-    mapped, the threshold fixed): a built-then-shortened teacher and the first side's state
-    do not stay resident while the second side runs (shared CPU machines)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if sys.platform.startswith("linux") and name:
-        ctypes.CDLL(name).mallopt(-3, 65536)  # M_MMAP_THRESHOLD
 
 
 def quiet() -> None:
