@@ -27,7 +27,7 @@ from lightning.pytorch import __version__ as pl_version
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from radio_lit import __version__
+from radio_lit import __version__, class_parsers
 from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
@@ -53,18 +53,30 @@ from radio_lit.results import evaluation_results, results_table
 from radio_lit.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.strategies import check_strategy
 
+# jsonargparse builds the parser of each class of a config once per command, not ~9 times.
+class_parsers.install()
+
 #: ``ckpt_path`` values that Lightning resolves itself rather than reading a file.
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
 
 
 class _RunParser(LightningArgumentParser):
-    """Writes a run's ``config.yaml`` without validating the config a second time: it was
-    validated when parsed, and validating resolves every class signature again (0.2-0.5 s of
-    each command's start; the file written is the same)."""
+    """Writes a run's ``config.yaml``, and dumps the config into the module's hyperparameters
+    (:meth:`RadioLitCLI._dump_config`), without validating the config a second time: it was
+    validated when parsed, and validating checks every class value again (0.2-0.5 s of each
+    command's start; what is written is the same)."""
+
+    #: Whether :meth:`dump` skips validation (while LightningCLI dumps the parsed config).
+    parsed_dump = False
 
     def save(self, cfg: Namespace, path: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("skip_validation", True)
         super().save(cfg, path, *args, **kwargs)
+
+    def dump(self, cfg: Namespace, *args: Any, **kwargs: Any) -> str:
+        if self.parsed_dump:
+            kwargs.setdefault("skip_validation", True)
+        return super().dump(cfg, *args, **kwargs)
 
 
 class RadioLitCLI(LightningCLI):
@@ -102,6 +114,16 @@ class RadioLitCLI(LightningCLI):
                 raise ConfigError(overlay) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
+
+    def _dump_config(self) -> None:
+        """LightningCLI's dump of the parsed config for the module's and the data's
+        hyperparameters, not validated again (:class:`_RunParser`)."""
+        parser = self.parser
+        parser.parsed_dump = isinstance(parser, _RunParser)
+        try:
+            super()._dump_config()
+        finally:
+            parser.parsed_dump = False
 
     def _parse_ckpt_path(self) -> None:
         """Refuse a missing or unreadable ``--ckpt_path`` before anything is built."""

@@ -1,12 +1,13 @@
 """Processes forked from one fork server: the tests' way to run many short processes cheaply.
 
 The fork server (``multiprocessing``'s ``forkserver``) imports torch, Lightning and radio-lit
-once per test session (:data:`PRELOAD`); each process is a fork of it, so it costs a fork, not
-the ~7 CPU seconds of imports that a fresh interpreter pays. The server only imports (no thread
-pool, no process group, no tensor computed), so forking it is safe. A process runs one
-function (``"module:function"``) in its own environment and folder, with its stdout and stderr
-in files, and exits as a command would: ``sys.exit(code)`` gives ``code``, an uncaught
-exception 1 (its traceback in stderr), SIGKILL -9.
+once per test session (:data:`PRELOAD`) and parses the quickstart's command line once
+(:mod:`tests.warm_parsers`); each process is a fork of it, so it costs a fork, not the ~7 CPU
+seconds of imports (and ~0.7 s of parser building) that a fresh interpreter pays. The server
+only imports and parses (no thread pool, no process group, no tensor computed), so forking it
+is safe. A process runs one function (``"module:function"``) in its own environment and
+folder, with its stdout and stderr in files, and exits as a command would: ``sys.exit(code)``
+gives ``code``, an uncaught exception 1 (its traceback in stderr), SIGKILL -9.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PRELOAD = [
     "radio_lit.module",
     "radio_lit.callbacks",
     "tests.builders",
+    "tests.warm_parsers",  # jsonargparse's class parsers of the quickstart, built once
 ]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
