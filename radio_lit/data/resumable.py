@@ -41,10 +41,12 @@ def seeded(seed: int) -> Iterator[None]:
     """Run the block with the CPU torch RNG seeded by ``seed``; the RNG state is restored after.
 
     torchvision's random transforms draw from the global torch RNG; this makes one sample's
-    draws depend on its seed only.
+    draws depend on its seed only. Only the CPU generator is seeded: ``torch.manual_seed``
+    would also reseed every CUDA generator (left so by the restore here) and, before CUDA is
+    initialized, record a stack trace per device backend (~1 ms a sample).
     """
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
         yield
 
 

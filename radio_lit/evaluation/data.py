@@ -115,7 +115,8 @@ class SampleImageClasses(Dataset[LabeledItem]):
         label = i % len(self.paths)
         state = torch.get_rng_state()
         try:
-            torch.manual_seed(1_000_003 * self.seed + i)
+            # the CPU generator only (as radio_lit.data.resumable.seeded): its state is restored
+            torch.random.default_generator.manual_seed(1_000_003 * self.seed + i)
             crop = self.transform(self.images[label])
         finally:
             torch.set_rng_state(state)

@@ -1,7 +1,10 @@
 """Multi-node torchrun, on this machine: two torchrun agents (two "nodes" of one process each)
 meet in a c10d rendezvous on localhost, as ``launch/torchrun/multinode.sh`` starts them, and
-train the quickstart with two teacher partitions; a single-node torchrun of 2 processes trains
-the same. Both must end with the same weights and statistics. The three agents run at once."""
+train the quickstart with two teacher partitions; the same command on one node of 2 processes
+trains the same. Both must end with the same weights and statistics. Both runs go at once; the
+one-node ranks are forked from the tests' fork server with the environment a launcher gives its
+ranks (tests/distributed, as the preemption tests start theirs): a fork, not a torchrun agent
+and two interpreters more (~25 CPU-s)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ import pytest
 import torch
 import yaml
 
+from tests import forking
 from tests.cli.test_resume import QUICKSTART, write_config
 from tests.distributed.test_distributed_fit import _FOREIGN_ENV_PREFIXES, _free_port
+from tests.distributed.test_distributed_fit import _env as _rank_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -63,7 +68,7 @@ def _start(folder: Path, argv: list[str], env: dict[str, str], name: str) -> sub
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``{"two-nodes": folder, "one-node": folder}`` once every agent has exited 0."""
+    """``{"two-nodes": folder, "one-node": folder}`` once every agent and rank has exited 0."""
     folders = {name: tmp_path_factory.mktemp(name) for name in ("two-nodes", "one-node")}
     fit = ["--config", QUICKSTART, "--config"]
     port = _free_port()
@@ -81,13 +86,20 @@ def runs(tmp_path_factory):
         )
         for node in range(2)
     ]
-    single = [
-        "torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
-        "radio-lit", "fit", *fit, str(_config(folders["one-node"])),
-        "--trainer.devices", "2",
-    ]  # fmt: skip
-    agents.append((folders["one-node"], _start(folders["one-node"], single, _env(), "node")))
+    single = ["fit", *fit, str(_config(folders["one-node"])), "--trainer.devices", "2"]
+    one_node_port = _free_port()
+    ranks = [
+        forking.start(
+            "radio_lit.cli:main",
+            [single],
+            folders["one-node"] / f"rank{rank}",
+            _rank_env(one_node_port, rank),
+            cwd=ROOT,
+        )
+        for rank in range(2)
+    ]
     deadline = time.monotonic() + TIMEOUT_S
+    outcomes = [r.wait(deadline) for r in ranks]
     for folder, agent in agents:
         try:
             code = agent.wait(max(1.0, deadline - time.monotonic()))
@@ -97,6 +109,8 @@ def runs(tmp_path_factory):
             code = "timeout"
         logs = "\n".join(p.read_text()[-3000:] for p in folder.glob("*.log"))
         assert code == 0, logs
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.exitcode == 0, f"one-node rank {rank}:\n{outcome.stderr[-3000:]}"
     return folders
 
 

@@ -15,6 +15,7 @@ import torch
 
 from radio_lit.data import ImageFolderDataModule, WebDatasetDataModule
 from radio_lit.data.image_folder import SAMPLE_IMAGES
+from radio_lit.data.resumable import sample_seed, seeded
 
 
 class Rank:
@@ -83,3 +84,22 @@ def test_a_restored_loader_yields_what_the_original_yields_next(
         assert len(actual) == len(expected) - stop_after
         for got, want in zip(actual, expected[stop_after:], strict=True):
             assert torch.equal(got, want)
+
+
+def test_a_seeded_sample_draws_from_its_seed_and_leaves_every_other_generator(monkeypatch):
+    """A sample's crop draws depend on its seed only; the CPU generator is restored after,
+    and no CUDA generator is reseeded (``torch.manual_seed`` would reseed them all, and set
+    the training run's GPU noise back to a sample's seed)."""
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    torch.manual_seed(1)
+    reseeded.clear()
+    before = torch.get_rng_state()
+    with seeded(sample_seed(0, 1, 2)):
+        first = torch.rand(4)
+    assert torch.equal(torch.get_rng_state(), before)
+    with seeded(sample_seed(0, 1, 2)):
+        assert torch.equal(torch.rand(4), first)
+    with seeded(sample_seed(0, 1, 3)):
+        assert not torch.equal(torch.rand(4), first)
+    assert reseeded == []

@@ -1,7 +1,8 @@
 """The E-RADIO quickstart end to end: ``radio-lit fit`` with falling losses (and the
-quickstart's evaluation measures at the end of fit), ``radio-lit export`` to safetensors,
-``radio_lit.load``, and ``radio-lit evaluate`` printing the token-merging table. (E-RADIO's ONNX
-parity is tested in ``tests/export/test_onnx.py``.)"""
+quickstart's evaluation measures at the end of fit, its segmentation probe trained for 10 steps,
+not 100: the test checks that it runs on E-RADIO, not what it learns), ``radio-lit export`` to
+safetensors, ``radio_lit.load``, and ``radio-lit evaluate`` printing the token-merging table.
+(E-RADIO's ONNX parity is tested in ``tests/export/test_onnx.py``.)"""
 
 from __future__ import annotations
 
@@ -37,9 +38,16 @@ def test_eradio_quickstart_trains_exports_loads_and_evaluates(tmp_path, capsys):
             "1",
             "--trainer.num_sanity_val_steps",
             "0",
+            # the last callback, the segmentation probe: 10 steps of its linear head
+            "--trainer.callbacks.steps",
+            "10",
+            "--trainer.callbacks.warmup_steps",
+            "1",
         ]
     )
     assert type(cli.model.student).__name__ == "ERadio"
+    (probe,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "SegmentationProbe"]
+    assert probe.steps == 10
     run = Path(cli.trainer.logger.log_dir)
     events = EventAccumulator(str(run))
     events.Reload()
