@@ -43,6 +43,7 @@ the summary loss (cosine, AM-RADIO eq. 2) is scale invariant.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -207,11 +208,22 @@ def calibration_views(images: str, side: int, views: int, seed: int) -> Tensor:
 
     Every image of the folder as a center crop, then ``views - 1`` rounds of seeded
     random-resized crops (the training crops' scale range); the global RNG is left untouched.
+    Made once per process for the same files (paths and modification times), side, views and
+    seed: a config's rescaled teachers of one resolution share them (a copy each).
     """
+    paths = list_images(resolve_image_root(images))
+    files = tuple((str(path), path.stat().st_mtime_ns) for path in paths)
+    return _calibration_views(files, side, views, seed).clone()
+
+
+@functools.lru_cache(maxsize=4)
+def _calibration_views(
+    files: tuple[tuple[str, int], ...], side: int, views: int, seed: int
+) -> Tensor:
     center, random_crop = eval_transform(side), train_transform(side)
-    photos = [load_rgb(path) for path in list_images(resolve_image_root(images))]
+    photos = [load_rgb(path) for path, _ in files]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
         crops = [center(p) for p in photos]
         crops += [random_crop(p) for _ in range(views - 1) for p in photos]
     return torch.stack(crops)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -95,3 +97,20 @@ def test_too_few_channels_for_the_table7_extremes_is_a_clear_error():
         RescaledTeacher(tiny_sam_teacher(resolution=64), "clip")
     with pytest.raises(ValueError, match="global mean"):
         FeatureStatistics(mean=5.0, std=1.0, channel_mean=(-1.0, 1.0), channel_std=(0.5, 2.0))
+
+
+def test_calibration_views_follow_the_folders_files(tmp_path):
+    """The crops are made once per process for the same files: a copy each time, equal to a
+    fresh one; a file rewritten since gives crops of the new image."""
+    from PIL import Image
+
+    for index, name in enumerate(["a.png", "b.png"]):
+        Image.new("RGB", (40, 30), (60 * index, 90, 200)).save(tmp_path / name)
+    first = calibration_views(str(tmp_path), 16, views=2, seed=0)
+    first.zero_()  # the caller's copy
+    again = calibration_views(str(tmp_path), 16, views=2, seed=0)
+    assert again.shape == (4, 3, 16, 16) and again.any()
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(tmp_path / "a.png")
+    os.utime(tmp_path / "a.png", ns=(1, 1))  # a modification time of its own
+    changed = calibration_views(str(tmp_path), 16, views=2, seed=0)
+    assert not torch.equal(changed[0], again[0]) and torch.equal(changed[1], again[1])
