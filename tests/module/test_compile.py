@@ -45,6 +45,18 @@ def test_a_compiled_run_trains_with_the_eager_losses(tmp_path):
     )
 
 
+class _Projection(torch.nn.Module):
+    """A model of the project's kind: its own class (torch 2.11's dynamo skips the frames of
+    ``torch.nn``'s built-in modules compiled in place, e.g. a bare ``nn.Linear``)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).relu()
+
+
 def test_each_compiled_model_gets_its_own_recompilations(monkeypatch):
     """In-place compiled models share one code object, hence dynamo's recompile_limit: with
     2 per model, two models at two shapes each all compile (none falls back to eager)."""
@@ -55,7 +67,7 @@ def test_each_compiled_model_gets_its_own_recompilations(monkeypatch):
     monkeypatch.setattr(compiling, "PER_MODEL_RECOMPILES", 2)
     torch._dynamo.reset()
     counters.clear()
-    models = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 5)]  # two compiled versions each
+    models = [_Projection(4), _Projection(5)]  # two compiled versions each
     # dynamo's own patch: pytest's monkeypatch sees no attribute on a config module and
     # would delete (hide) it when undone
     with torch._dynamo.config.patch(recompile_limit=2):
