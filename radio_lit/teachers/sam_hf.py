@@ -13,16 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
-from transformers import (
-    AutoConfig,
-    PretrainedConfig,
-    Sam2Model,
-    Sam2VisionConfig,
-    Sam2VisionModel,
-    Sam3Model,
-    Sam3VisionConfig,
-    Sam3VisionModel,
-)
+from transformers import AutoConfig, PretrainedConfig, Sam2VisionConfig, Sam3VisionConfig
 
 from radio_lit.teachers.canvas import CanvasTeacher
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
@@ -32,14 +23,16 @@ from radio_lit.teachers.transformers_teacher import (
     PIXEL_STATS,
     is_model_type,
     square_side,
+    transformers_class,
 )
 
 
 class _HFCanvasTeacher(CanvasTeacher):
     """A transformers SAM-family vision encoder on a fixed canvas; subclasses say which."""
 
-    full_model: ClassVar[type[nn.Module]]
-    vision_model: ClassVar[type[nn.Module]]
+    #: names in ``transformers`` (:func:`transformers_class`: imported when built)
+    full_model: ClassVar[str]
+    vision_model: ClassVar[str]
     vision_config: ClassVar[type[PretrainedConfig]]
 
     def _load(
@@ -49,27 +42,27 @@ class _HFCanvasTeacher(CanvasTeacher):
         ``vision_encoder``) or of the vision model alone, or a random one of the vision
         model type (``pretrained=False``)."""
         name = type(self).__name__
+        full_model = transformers_class(self.full_model)
+        vision_model = transformers_class(self.vision_model)
         vision_type = self.vision_config.model_type
-        full_type = self.full_model.config_class.model_type
+        full_type = full_model.config_class.model_type
         if is_model_type(model):
             if model != vision_type or pretrained:
                 raise ValueError(
                     f"{name}: give an HF id or a local directory, or model {vision_type!r} "
                     "with pretrained: false for random weights."
                 )
-            return cast(self.vision_model(self.vision_config(**overrides)), dtype)
+            return cast(vision_model(self.vision_config(**overrides)), dtype)
         with download_errors(name, model, LOCAL_HINT):
             kind = AutoConfig.from_pretrained(model).model_type
             if kind not in (full_type, vision_type):
                 raise ValueError(f"{model!r} is a {kind!r} model; {name} runs {full_type} models.")
             if not pretrained:
                 config = self.vision_config.from_pretrained(model, **overrides)
-                return cast(self.vision_model(config), dtype)
+                return cast(vision_model(config), dtype)
             if kind == vision_type:
-                return self.vision_model.from_pretrained(
-                    model, dtype=torch_dtype(dtype), **overrides
-                )
-            full = self.full_model.from_pretrained(model, dtype=torch_dtype(dtype))
+                return vision_model.from_pretrained(model, dtype=torch_dtype(dtype), **overrides)
+            full = full_model.from_pretrained(model, dtype=torch_dtype(dtype))
             return full.vision_encoder
 
 
@@ -106,8 +99,8 @@ class SAM2Teacher(_HFCanvasTeacher):
             (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
-    full_model = Sam2Model
-    vision_model = Sam2VisionModel
+    full_model = "Sam2Model"
+    vision_model = "Sam2VisionModel"
     vision_config = Sam2VisionConfig
 
     def __init__(
@@ -177,8 +170,8 @@ class SAM3Teacher(_HFCanvasTeacher):
             (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
     """
 
-    full_model = Sam3Model
-    vision_model = Sam3VisionModel
+    full_model = "Sam3Model"
+    vision_model = "Sam3VisionModel"
     vision_config = Sam3VisionConfig
 
     def __init__(

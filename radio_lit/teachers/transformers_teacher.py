@@ -12,6 +12,7 @@ import inspect
 import os
 from typing import Any
 
+import transformers
 from timm.data import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
@@ -19,16 +20,7 @@ from timm.data import (
     IMAGENET_INCEPTION_STD,
 )
 from torch import Tensor, nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    Dinov2Model,
-    Dinov2WithRegistersModel,
-    DINOv3ViTModel,
-    PretrainedConfig,
-    SiglipVisionModel,
-)
-from transformers.image_processing_utils import ImageProcessingMixin
+from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from radio_lit.teachers.loading import TeacherDtype, cast, download_errors, torch_dtype
@@ -36,13 +28,14 @@ from radio_lit.teachers.speed import TeacherSpeed
 from radio_lit.teachers.tokens import SummarySource, TokenLayout, TokenTeacher
 
 #: The vision model to run for a config's model type (a full CLIP-like checkpoint holds the
-#: image tower under ``vision_model.*``, which the vision class loads alone).
-VISION_MODELS: dict[str, type[nn.Module]] = {
-    "dinov2": Dinov2Model,
-    "dinov2_with_registers": Dinov2WithRegistersModel,
-    "dinov3_vit": DINOv3ViTModel,
-    "siglip": SiglipVisionModel,
-    "siglip_vision_model": SiglipVisionModel,
+#: image tower under ``vision_model.*``, which the vision class loads alone). Named, and taken
+#: from ``transformers`` when built (:func:`transformers_class`).
+VISION_MODELS: dict[str, str] = {
+    "dinov2": "Dinov2Model",
+    "dinov2_with_registers": "Dinov2WithRegistersModel",
+    "dinov3_vit": "DINOv3ViTModel",
+    "siglip": "SiglipVisionModel",
+    "siglip_vision_model": "SiglipVisionModel",
 }
 
 #: Pixel statistics by architecture (what each family's image processor uses), for a model
@@ -239,6 +232,13 @@ def load_config(
     return config
 
 
+def transformers_class(name: str) -> Any:
+    """``transformers.<name>``, imported when a teacher is built: transformers' model classes
+    import its whole modeling stack (~1 CPU-s), which a run without a transformers teacher
+    (the quickstart, every fresh ``radio-lit`` process) does not need."""
+    return getattr(transformers, name)
+
+
 def build_transformers(
     teacher: str,
     model: str,
@@ -258,9 +258,10 @@ def build_transformers(
         raise ValueError(
             f"{model!r} is a {kind!r} model; {teacher} runs {' / '.join(model_types)} models."
         )
-    model_class = VISION_MODELS.get(kind, AutoModel)
+    model_class = transformers_class(VISION_MODELS.get(kind, "AutoModel"))
     if not pretrained:
-        net = model_class.from_config(config) if model_class is AutoModel else model_class(config)
+        auto = model_class is transformers.AutoModel
+        net = model_class.from_config(config) if auto else model_class(config)
         return cast(net, dtype), config
     with download_errors(teacher, model, LOCAL_HINT):
         net = model_class.from_pretrained(
@@ -295,6 +296,8 @@ def pixel_stats(
 def processor_stats(model: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """``(image_mean, image_std)`` of ``model``'s image processor config (an HF id or a
     directory), or ``None`` where it has none or the config states no statistics."""
+    from transformers.image_processing_utils import ImageProcessingMixin  # (as the models)
+
     try:
         processor, _ = ImageProcessingMixin.get_image_processor_dict(model)
     except (OSError, ValueError):
