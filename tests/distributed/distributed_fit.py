@@ -20,7 +20,7 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
   weights the rank also writes (``ema``, gathered in full).
 
 Tiny CLIP, DINOv2 and SAM teachers, a tiny CPE ViT student, PHI-S normalizers,
-``TeacherStatsEstimation(steps=3, refit_every=1)``, ``FreezeBody(steps=2)``, ``MAX_STEPS``
+``TeacherStatsEstimation(steps=2, refit_every=1)``, ``FreezeBody(steps=1)``, ``MAX_STEPS``
 optimizer steps on synthetic images. Each rank writes ``rank{R}.pt`` (see
 :class:`Recorder`; ``spectral_batches``: how many σReparam layers each computation of
 effective weights took together) and then waits at a barrier, so both files exist when rank 0
@@ -50,9 +50,11 @@ from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0
-MAX_STEPS = 4
-STATS_STEPS = 3  # TeacherStatsEstimation(steps=...)
-FREEZE_STEPS = 2  # FreezeBody(steps=...)
+# [choice] The fewest steps that hold every phase: a frozen trunk (step 0), estimation steps
+# each refitting (0-1), the trunk's first updates (1-2) and a step after estimation (2).
+MAX_STEPS = 3
+STATS_STEPS = 2  # TeacherStatsEstimation(steps=...)
+FREEZE_STEPS = 1  # FreezeBody(steps=...)
 BATCH_SIZE = 4  # per rank
 NUM_SAMPLES = 32  # 16 per rank: 4 distinct batches per rank, one epoch
 CROP_SIZE = 64

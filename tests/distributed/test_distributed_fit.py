@@ -295,7 +295,7 @@ def test_replicas_stay_identical_and_freeze_body_only_drops_trunk_gradients(
 
     weights = history[0]
     initial = weights[0]
-    # FreezeBody(steps=2): the trunk is bit-for-bit unchanged by the first two steps ...
+    # FreezeBody(steps=FREEZE_STEPS): the trunk is bit-for-bit unchanged by the frozen steps ...
     for step in range(1, fit.FREEZE_STEPS + 1):
         changed = [k for k, v in _trunk(weights[step]).items() if not torch.equal(v, initial[k])]
         assert not changed, f"{kind}: trunk moved during frozen step {step}: {changed}"
