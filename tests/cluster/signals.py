@@ -36,14 +36,14 @@ class SignalAt(pl.Callback):
 
 
 class SlowFrom(pl.Callback):
-    """From training step ``step`` on: touch ``flag`` and sleep ``seconds`` before each step
-    (a window in which the test signals the job mid-run)."""
+    """From training step ``step`` on, until ``until`` exists (if given): touch ``flag`` and
+    sleep ``seconds`` before each step (a window in which the test signals the job mid-run)."""
 
-    def __init__(self, step: int, flag: str, seconds: float = 1.0) -> None:
+    def __init__(self, step: int, flag: str, seconds: float = 1.0, until: str | None = None):
         super().__init__()
-        self.step, self.flag, self.seconds = step, flag, seconds
+        self.step, self.flag, self.seconds, self.until = step, flag, seconds, until
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step >= self.step:
+        if trainer.global_step >= self.step and not (self.until and Path(self.until).exists()):
             Path(self.flag).touch()
             time.sleep(self.seconds)

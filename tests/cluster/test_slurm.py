@@ -48,7 +48,8 @@ pytestmark = [
 def _config(folder: Path) -> Path:
     """A tiny schedule: statistics over steps 0-2, a frozen trunk over 0-3, one DataLoader
     worker, and no checkpoint before the last step but the one a signal writes; the DINOv2
-    teacher is built once ``folder/go`` exists."""
+    teacher is built once ``folder/go`` exists; steps from :data:`SIGNAL_FROM` on are slowed
+    down (the window for the mid-run signal) until ``folder/resumed`` exists."""
     callbacks = [
         {
             "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
@@ -62,7 +63,12 @@ def _config(folder: Path) -> Path:
         },
         {
             "class_path": "tests.cluster.signals.SlowFrom",
-            "init_args": {"step": SIGNAL_FROM, "flag": str(folder / "reached"), "seconds": 1.5},
+            "init_args": {
+                "step": SIGNAL_FROM,
+                "flag": str(folder / "reached"),
+                "seconds": 1.5,
+                "until": str(folder / "resumed"),
+            },
         },
     ]
     config = {
@@ -137,6 +143,7 @@ def _command() -> list[str]:
 def _reference(folder: Path) -> list[forking.Forked]:
     """The job's command, run through by 2 ranks forked in ``folder`` (no SLURM, no signal)."""
     (folder / "go").touch()  # builds at once
+    (folder / "resumed").touch()  # and is never slowed down: no signal to wait for
     argv = [*_command(), "--config", str(_config(folder))]
     port = _free_port()
     return [
@@ -159,7 +166,7 @@ def jobs(slurm, tmp_path_factory):
     _start_requeued(slurm, job, before_start=(folder / "go").touch)
     _wait_for(slurm, job, folder, "reached")
     slurm.run(["scancel", "--signal=USR1", job])
-    _start_requeued(slurm, job)
+    _start_requeued(slurm, job, before_start=(folder / "resumed").touch)  # not slowed down
     state = slurm.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), JOB_TIMEOUT_S)
     assert state == "COMPLETED", _output(folder, job)
     outcomes = [rank.wait(time.monotonic() + JOB_TIMEOUT_S) for rank in reference]
