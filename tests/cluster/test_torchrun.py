@@ -51,6 +51,9 @@ def _env(**extra: str) -> dict[str, str]:
 def _config(folder: Path) -> Path:
     config = yaml.safe_load(write_config(folder).read_text())
     config["trainer"]["max_steps"] = STEPS
+    for callback in config["trainer"]["callbacks"]:  # one checkpoint: the last step's
+        if callback["class_path"].endswith("ModelCheckpoint"):
+            callback["init_args"]["every_n_train_steps"] = STEPS
     config["data"]["init_args"]["num_workers"] = 0
     config["model"] = {"partitions": PARTITIONS}
     config["trainer"]["strategy"] = {  # teachers on some ranks only: statistics not broadcast
