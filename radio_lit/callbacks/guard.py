@@ -44,7 +44,11 @@ def finite_flag(tensors: Iterable[Tensor]) -> Tensor | None:
     if not groups:
         return None
     norms = [norm for group in groups.values() for norm in torch._foreach_norm(group)]
-    total = torch.linalg.vector_norm(torch.stack(norms), dtype=torch.float32)
+    device = norms[0].device  # one device unless the tensors are spread over several
+    norms = [norm if norm.device == device else norm.to(device) for norm in norms]
+    stacked = torch.stack(norms)  # float64 when a tensor is (statistics), else float32
+    wide = torch.float64 if stacked.dtype == torch.float64 else torch.float32
+    total = torch.linalg.vector_norm(stacked, dtype=wide)
     return torch.isfinite(total).float()
 
 
@@ -138,7 +142,13 @@ class NonFiniteGuard(Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        bad = non_finite(checkpoint["state_dict"].items())
+        state = checkpoint["state_dict"]
+        # Every rank runs this hook: one fused check and one reduction on any number of
+        # tensors (a per-tensor check of a sharded FSDP2 state is a collective per tensor);
+        # the values are named one by one only when it fails (then every rank does).
+        if all_ranks_finite(trainer, (v for v in state.values() if isinstance(v, Tensor))):
+            return
+        bad = non_finite(state.items())
         if bad:
             raise TrainingStopped(
                 f"step {trainer.global_step}: refusing to write a checkpoint with non-finite "
