@@ -8,6 +8,11 @@ from typing import Any
 
 import pytest
 
+from tests.caller_check import frames_only_caller_check
+
+# ~0.1 CPU-s less per radio-lit command a test runs in-process (tests/caller_check.py)
+frames_only_caller_check()
+
 #: Rough cost of a test, for ordering pytest-xdist's work (:func:`pytest_collection_modifyitems`).
 _COST = {"slurm": 8.0, "distributed": 3.0, "slow": 2.0}
 #: Folders whose modules are one unit of work: tests/configs share one cache (the shipped
