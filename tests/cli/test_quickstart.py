@@ -115,6 +115,8 @@ def test_a_second_stage_starts_from_the_first_stage_checkpoint(stage1):
     ["Identity", "GlobalStandardize", "Standardize", "PhiS", "PCAWhiten", "ZCAWhiten", "HCAWhiten"],
 )
 def test_quickstart_trains_with_every_normalizer(normalizer, tmp_path):
+    """One ``--model.normalizer`` flag swaps the normalizer of every teacher, and the
+    quickstart trains with it."""
     cli = fit(
         tmp_path,
         "--trainer.max_steps",

@@ -95,8 +95,10 @@ def test_builds_with_its_student_its_teachers_and_its_partitions(name):
     if isinstance(student, CPEViT):
         assert student.pos_embed.is_meta == gpu_recipe(name)
         with torch.device("meta"):
-            reference = timm.create_model(
-                init.get("model", "vit_base_patch16_224"), **(init.get("model_kwargs") or {})
+            reference = timm.create_model(  # shapes only: no weight initialisation
+                init.get("model", "vit_base_patch16_224"),
+                weight_init="skip",
+                **(init.get("model_kwargs") or {}),
             )
         blocks = {k: v.shape for k, v in reference.blocks.state_dict().items()}
         ours = student.blocks.state_dict()
