@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -122,6 +123,12 @@ def start(
     )
     process.start()
     return Forked(process, out, err)
+
+
+def ensure_server() -> None:
+    """Start the fork server now, if it is not running (it imports :data:`PRELOAD`: seconds),
+    so that a process timed from its start times itself, not the server's start."""
+    multiprocessing.forkserver.ensure_running()
 
 
 def run(

@@ -306,6 +306,7 @@ def bad_inputs(tmp_path_factory) -> dict[str, BadInput]:
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     env.pop(TRACEBACK_ENV, None)
     root = tmp_path_factory.mktemp("bad_inputs")
+    forking.ensure_server()  # each entry's seconds are its own, not the server's start
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             name: pool.submit(_bad_input, name, root / f"entry{i}", env)
