@@ -296,7 +296,8 @@ def pixel_stats(
 def processor_stats(model: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """``(image_mean, image_std)`` of ``model``'s image processor config (an HF id or a
     directory), or ``None`` where it has none or the config states no statistics."""
-    from transformers.image_processing_utils import ImageProcessingMixin  # (as the models)
+    # imported when called, as the model classes are (transformers_class)
+    from transformers.image_processing_utils import ImageProcessingMixin
 
     try:
         processor, _ = ImageProcessingMixin.get_image_processor_dict(model)
