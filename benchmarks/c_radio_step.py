@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _build(*overrides: str) -> Any:
-    from radio_lit.cli import RadioLitCLI
+    from radio_lit.cli.app import RadioLitCLI
 
     quiet = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.accelerator=cpu"]
     quiet += [

@@ -57,7 +57,7 @@ def _quiet() -> None:
 
 
 def _build(config: str) -> Any:
-    from radio_lit.cli import RadioLitCLI
+    from radio_lit.cli.app import RadioLitCLI
 
     overrides = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.accelerator=cpu"]
     cli = RadioLitCLI(run=False, args=["--config", config, *overrides])

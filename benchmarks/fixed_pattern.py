@@ -3,7 +3,7 @@
 C-RADIOv4 report 2.3: plain MSE teaches the student the teacher's position-locked noise
 (SigLIP2's border holes, SAM's window borders, DINOv3's speckles); shifting every view by
 whole patches makes the pattern unpredictable from the student's input. A toy that isolates the
-claim, with radio-lit's own geometry (:mod:`radio_lit.shifts`: ``shifted_view``,
+claim, with radio-lit's own geometry (:mod:`radio_lit.geometry.shifts`: ``shifted_view``,
 ``to_crop_frame``, ``masked_loss``, ``PatchShifts``):
 
 * images: random smooth RGB images, 96 px (a sum of random low-frequency waves): a 64 px shared
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radio_lit.geometry.shifts import PatchShifts, masked_loss, shifted_view, to_crop_frame
 from radio_lit.losses import MSE
-from radio_lit.shifts import PatchShifts, masked_loss, shifted_view, to_crop_frame
 
 PATCH, SIDE, DIM = 8, 64, 16
 GRID = SIDE // PATCH

@@ -76,7 +76,7 @@ CPU_CROP = 128  # covers the tiny SAM canvases (128 px, SAM3: 112 px)
 @dataclass(frozen=True)
 class ShippedConfig:
     """One shipped YAML as ``radio-lit fit`` takes it: ``files`` is ``(path,)`` for a full
-    config, ``(base, path)`` for an overlay (:func:`radio_lit.overlays` finds its base)."""
+    config, ``(base, path)`` for an overlay (:func:`radio_lit.cli.overlays` finds its base)."""
 
     path: Path
     files: tuple[Path, ...]
@@ -92,7 +92,7 @@ class ShippedConfig:
 
 def shipped_configs(root: Path = ROOT) -> list[ShippedConfig]:
     """Every YAML under ``configs/`` (found by globbing, so none is forgotten)."""
-    from radio_lit.overlays import _base_of
+    from radio_lit.cli.overlays import _base_of
 
     found = []
     for path in sorted((root / "configs").rglob("*.yaml")):
@@ -248,7 +248,7 @@ def one_rank_partitions(raw: dict[str, Any], cpu: bool) -> dict[str, dict[str, A
     """``model.partitions`` for one device: each partition's batch is what one rank of the
     recipe's world takes from it (``--device cpu``: :data:`CPU_IMAGES_PER_PARTITION`, and
     :data:`CPU_RESOLUTIONS`); ``None`` without partitions."""
-    from radio_lit.partitions import Partition, PartitionPlan
+    from radio_lit.training.partitions import Partition, PartitionPlan
 
     model = raw.get("model") or {}
     given = model.get("partitions")
@@ -571,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
 
-        import radio_lit.cli  # noqa: F401  (jsonargparse, lightning, kornia, torchdata...)
+        import radio_lit.cli.app  # noqa: F401  (jsonargparse, lightning, kornia, torchdata...)
     except ModuleNotFoundError as error:
         print(f"gpu_check: {missing_module(error)}: radio-lit cannot start without it")
         return 2

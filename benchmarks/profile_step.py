@@ -206,7 +206,7 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
     trunks) are shortened once built."""
     import yaml
 
-    from radio_lit.cli import RadioLitCLI
+    from radio_lit.cli.app import RadioLitCLI
     from radio_lit.evaluation.base import Evaluation
 
     config = yaml.safe_load(Path(args.config).read_text())
@@ -346,8 +346,8 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
     """Label the step's phases (benchmark-only patches of the built objects and names;
     :func:`uninstrument` undoes those of names)."""
     import radio_lit.module as module_code
-    import radio_lit.step as step_code
-    import radio_lit.student_step as student_step_code
+    import radio_lit.training.step as step_code
+    import radio_lit.training.student_step as student_step_code
 
     module = cli.model
     _patch(step_code, "outer_view", clock, "views")
@@ -373,14 +373,15 @@ def instrument(cli: Any, clock: PhaseClock) -> None:
 
 
 def instrument_student_step(module: Any, clock: PhaseClock) -> None:
-    """C-RADIOv4's parts around the student (radio_lit.student_step): the view shifts (drawn
+    """C-RADIOv4's parts around the student (radio_lit.training.student_step): the view shifts
+    (drawn
     on the host, views cut from the crop, maps moved back to the region's frame: "shifts",
     the resizes: "views"), DAMP's noise (inside "student forward"), the EMA student's forward
     (MESA's) and its update after each optimizer step, and the MESA term ("losses")."""
-    import radio_lit.shifts as shifts_code
-    import radio_lit.step as step_code
-    import radio_lit.student_step as student_step_code
+    import radio_lit.geometry.shifts as shifts_code
     import radio_lit.students.ema as ema_code
+    import radio_lit.training.step as step_code
+    import radio_lit.training.student_step as student_step_code
 
     _patch(shifts_code, "outer_view", clock, "views")
     for code in (shifts_code, step_code):

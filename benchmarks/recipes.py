@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 from radio_lit.module import DistillationModule
-from radio_lit.partitions import Partition
 from radio_lit.teachers import SAMTeacher
+from radio_lit.training.partitions import Partition
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 

@@ -211,7 +211,7 @@ def run_teacher(
     name: str, teacher: Any, crops: Tensor, args: argparse.Namespace, shapes: int
 ) -> list[Row]:
     """Every option on ``teacher`` (a pristine copy is kept for FP8, which changes weights)."""
-    from radio_lit.errors import ConfigError
+    from radio_lit.core.errors import ConfigError
     from radio_lit.teachers.speed import TeacherSpeed, fp8_refusal
 
     device = crops.device

@@ -387,7 +387,7 @@ class PlainStep:
         import torch
 
         from radio_lit.losses import MSE, Cosine, Weighted
-        from radio_lit.optim import parameter_groups
+        from radio_lit.training.optim import parameter_groups
 
         problems = []
         if len(module.partitions.partitions) != 1:
@@ -461,9 +461,9 @@ class PlainStep:
         import torch
         import torch.nn.functional as F
 
-        from radio_lit.random_streams import RankStream
-        from radio_lit.student_step import FORWARD_STREAM, run_seed
         from radio_lit.students.spectral_reparam import spectral_step
+        from radio_lit.training.random_streams import RankStream
+        from radio_lit.training.student_step import FORWARD_STREAM, run_seed
 
         device = self.device
         batch = self.batch.to(device, non_blocking=True)
@@ -751,7 +751,7 @@ def teachers_on_fake_cuda(args: argparse.Namespace) -> None:
     import yaml
 
     from benchmarks.fake_cuda import FakeCuda
-    from radio_lit.grid import student_input_size
+    from radio_lit.geometry.grid import student_input_size
 
     config = yaml.safe_load(Path(args.config).read_text())
     model, data = config.get("model") or {}, (config.get("data") or {}).get("init_args") or {}

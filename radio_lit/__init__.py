@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from radio_lit import _aliases
 from radio_lit.hf import register_on_import
 
 __all__ = ["DistillationModule", "load"]
 __version__ = "0.1.0"
+
+# Modules that moved keep their old import paths (configs' class_paths, checkpoints).
+_aliases.install()
 
 # transformers' AutoConfig / AutoModel load `radio-lit export --format hf` folders (lazily).
 register_on_import()

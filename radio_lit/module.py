@@ -10,23 +10,18 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-import radio_lit.step as step
-from radio_lit.cache.batch import CachedBatch, student_pixels
-from radio_lit.compiling import CompileOption, compile_models
+import radio_lit.training.step as step
+from radio_lit.core.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.export import module_inference_model
 from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
-from radio_lit.grid import GridPolicy, check_policies, student_input_size
+from radio_lit.geometry.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.losses.angular import summary_dispersions
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.metrics.logging import epoch_logs, logs_this_step, step_logs
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.normalizers import statistics as teacher_stats
-from radio_lit.optim import adamw, optimizer_and_schedule, parameter_groups
-from radio_lit.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
-from radio_lit.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
-from radio_lit.student_step import DAMP, MESA, PatchShifts, StudentStep, student_shift
 from radio_lit.students import Student, StudentOutput
 from radio_lit.students.ema import EMAStudent, fill_missing_ema
 from radio_lit.students.heads import summary_token_slots, teacher_heads
@@ -34,10 +29,15 @@ from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_module
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 from radio_lit.teachers.speed import SpeedReport
+from radio_lit.training.batch import CachedBatch, student_pixels
+from radio_lit.training.optim import adamw, optimizer_and_schedule, parameter_groups
+from radio_lit.training.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
+from radio_lit.training.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
+from radio_lit.training.student_step import DAMP, MESA, PatchShifts, StudentStep, student_shift
 
 NormalizerFactory = Callable[[int], Normalizer]
 Size = tuple[int, int] | None  # a student resolution (H, W); None: model.student_resolution
-Shift = Tensor | None  # ``[B, 2]`` whole-patch shifts of a view (radio_lit.shifts)
+Shift = Tensor | None  # ``[B, 2]`` whole-patch shifts of a view (radio_lit.geometry.shifts)
 Outputs = Mapping[str, TeacherOutput]
 Matches = Mapping[str, step.TeacherMatch]
 
@@ -63,14 +63,14 @@ class DistillationModule(pl.LightningModule):
         feature_weights: per-teacher feature loss weights ``gamma_k`` (default 1).
         summary_weights: per-teacher summary loss weights ``lambda_k`` (default 1).
         balancer: combines the loss terms (``Weighted``, AM-RADIO 3.4.1; radio_lit.losses).
-        optimizer: built on :mod:`radio_lit.optim`'s parameter groups (AdamW, LR 1e-3).
+        optimizer: built on :mod:`radio_lit.training.optim`'s parameter groups (AdamW, LR 1e-3).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
         init_from: an earlier stage's checkpoint: student, head and EMA weights (PHI-S A.7).
         grid_policy: the loss grid: ``teacher`` (RADIOv2.5 4.2), ``student``, ``larger`` (grid.py).
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: teacher partitions, each with its batch, resolutions, ranks (AM-RADIO 4).
-        shifts: shift-equivariant views (C-RADIOv4 report [C4] 2.3.1; radio_lit.shifts).
+        shifts: shift-equivariant views (C-RADIOv4 report [C4] 2.3.1; radio_lit.geometry.shifts).
         damp: weight noise in training forwards (C4 2.4; radio_lit.students.damp).
         mesa: an EMA student and the MESA term (C4 2.3.2; radio_lit.students.ema).
         compile: ``torch.compile`` the student and teachers (``true`` or its kwargs; compiling.py).
@@ -152,7 +152,7 @@ class DistillationModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Every rank: teachers' accumulators that rank 0 does not hold reach it, with every
-        rank's random streams (radio_lit.student_step), then it saves."""
+        rank's random streams (radio_lit.training.student_step), then it saves."""
         for prefix, statistics in self.teacher_statistics().items():
             sources, state = self.partitions.sources, checkpoint["state_dict"]
             teacher_stats.complete_checkpoint(statistics, sources, state, prefix)
@@ -187,7 +187,7 @@ class DistillationModule(pl.LightningModule):
         yield from self.heads.named_parameters(prefix="heads")
         yield from self.balancer.named_parameters(prefix="balancer")
 
-    def parameter_groups(self) -> list[dict[str, Any]]:  # radio_lit.optim.parameter_groups
+    def parameter_groups(self) -> list[dict[str, Any]]:  # radio_lit.training.optim.parameter_groups
         return parameter_groups(self.trainable_parameters())
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def hub_offline_mode_restored() -> Iterator[None]:
     """``radio-lit`` sets the Hugging Face Hub offline when it cannot reach it
-    (:mod:`radio_lit.hub`); a test that runs the command in this process must not leave the
+    (:mod:`radio_lit.cli.hub`); a test that runs the command in this process must not leave the
     next test offline."""
     from huggingface_hub import constants
 

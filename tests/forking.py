@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 PRELOAD = [
     "torch",
     "lightning.pytorch",
-    "radio_lit.cli",
+    "radio_lit.cli.app",
     "radio_lit.module",
     "radio_lit.callbacks",
     "tests.builders",

@@ -1,6 +1,6 @@
 """Imported by the tests' fork server (:data:`tests.forking.PRELOAD`): parses the quickstart's
 ``radio-lit fit`` command line once, so that every process forked from the server starts with
-jsonargparse's class parsers built (:mod:`radio_lit.class_parsers`; ~0.7 CPU-s of each forked
+jsonargparse's class parsers built (:mod:`radio_lit.cli.class_parsers`; ~0.7 CPU-s of each forked
 command). Parsing only: nothing is built, no thread is started (the Hub probe is not), the
 seed is not set; what a command parses with these parsers is what it parses with fresh ones
 (``tests/cli/test_class_parsers.py``)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from radio_lit.cli import RadioLitCLI
-from radio_lit.hub import HubProbe
+from radio_lit.cli.app import RadioLitCLI
+from radio_lit.cli.hub import HubProbe
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 

@@ -34,7 +34,7 @@ PRELOAD = [
     "open_clip",
     "timm",
     "segment_anything",
-    "radio_lit.cli",
+    "radio_lit.cli.app",
     "radio_lit.module",
     "radio_lit.teachers",
     "radio_lit.callbacks",
@@ -46,7 +46,7 @@ PRELOAD = [
 @dataclass
 class Command:
     """What a row's process runs: ``function(args)`` (``"module:function"``), the function of
-    the ``radio-lit`` command ``args`` (e.g. ``radio_lit.cli:main`` for ``fit …``)."""
+    the ``radio-lit`` command ``args`` (e.g. ``radio_lit.cli.app:main`` for ``fit …``)."""
 
     function: str
     args: list[str]

@@ -63,7 +63,7 @@ from radio_lit.ablation.processes import Command, Slot, job_slots, start, visibl
 from radio_lit.ablation.progress import Progress, RowState, clock
 from radio_lit.ablation.rows import ROW_SETS, Row, RowSet, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
-from radio_lit.errors import CommandParser
+from radio_lit.core.errors import CommandParser
 
 __all__ = ["main", "run_ablation"]
 
@@ -196,7 +196,7 @@ def _write_cache(
         for k in range(len(slots))
     ]
     processes = [
-        start(Command("radio_lit.cli:main", [*args, "--shard-index", str(k)]), log, slot)
+        start(Command("radio_lit.cli.app:main", [*args, "--shard-index", str(k)]), log, slot)
         for k, (slot, log) in enumerate(zip(slots, logs, strict=True))
     ]
     try:
@@ -236,7 +236,7 @@ def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Comma
     }
     args = ["fit", "--config", str(base), "--config", str(row.config), *overrides]
     args += ["--trainer.logger", json.dumps(logger), "--trainer.callbacks+", json.dumps(final)]
-    return Command("radio_lit.cli:main", args)
+    return Command("radio_lit.cli.app:main", args)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

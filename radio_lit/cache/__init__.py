@@ -8,10 +8,10 @@ teacher outputs from the batch (:class:`.CachedBatch`) instead of running the te
 everything after them is unchanged; the teachers are not built (:class:`.CachedTeacher`).
 """
 
-from radio_lit.cache.batch import CachedBatch, collate_views, output_key, student_pixels
 from radio_lit.cache.datamodule import CachedDataset, CachedViews, ViewSampler
 from radio_lit.cache.manifest import Manifest, check_run, teacher_signature, view_sizes
 from radio_lit.cache.teacher import CachedTeacher
+from radio_lit.training.batch import CachedBatch, collate_views, output_key, student_pixels
 
 __all__ = [
     "CachedBatch",

@@ -3,7 +3,7 @@
 ``data: radio_lit.cache.CachedViews`` (``path:`` the folder ``radio-lit cache`` wrote) yields
 :class:`~radio_lit.cache.CachedBatch` batches: the uint8 crops the student sees and every
 teacher's recorded outputs, which the step uses instead of running the teachers
-(:func:`radio_lit.step.teacher_outputs`). The order is the live run's (the same
+(:func:`radio_lit.training.step.teacher_outputs`). The order is the live run's (the same
 :class:`~radio_lit.data.resumable.SeededSampler` over the same items, same seed), and epoch
 ``e`` replays view ``e mod views`` of each item: the view a live run draws in epoch ``e``
 for ``e < views``. The teacher outputs read are those computed in this run's grouping (its
@@ -34,14 +34,14 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from radio_lit.cache.batch import collate_views
 from radio_lit.cache.grouping import grouped_key, grouping_problem, partitions_record, train_steps
 from radio_lit.cache.identity import precision_change, stale
 from radio_lit.cache.manifest import VAL_FILE, Manifest, check_run, epoch_order
 from radio_lit.cache.shards import ShardReader, sample_key
+from radio_lit.core.errors import ConfigError
 from radio_lit.data.datamodule import ImageDataModule
 from radio_lit.data.resumable import SeededSampler
-from radio_lit.errors import ConfigError
+from radio_lit.training.batch import collate_views
 
 __all__ = ["CachedDataset", "CachedValidation", "CachedViews", "ViewSampler"]
 

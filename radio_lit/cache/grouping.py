@@ -8,7 +8,8 @@ another number of rows. So a cache holds, for each rank count it was written for
 teacher's outputs computed on exactly the rows the live step gives it (:func:`train_places`,
 :func:`val_places`), and a replay reads the outputs of its own rank count.
 
-The grouping rule, the live step's (:meth:`radio_lit.partitions.PartitionPlan.chunks`), which
+The grouping rule, the live step's (:meth:`radio_lit.training.partitions.PartitionPlan.chunks`),
+which
 the writer follows [choice: the live rule is kept; the cache records the grouping instead of
 changing the step]:
 

@@ -33,8 +33,8 @@ from torch import nn
 
 from radio_lit.cache.identity import content as identity_content
 from radio_lit.data.resumable import SeededSampler
-from radio_lit.partitions import PartitionPlan
 from radio_lit.teachers import Teacher
+from radio_lit.training.partitions import PartitionPlan
 
 __all__ = [
     "MANIFEST",
@@ -122,7 +122,7 @@ class Manifest:
 
     Attributes:
         teachers: name -> ``{"config", "signature", "sizes", "shapes"}``; ``shapes`` maps each
-            stored key (:func:`radio_lit.cache.batch.output_key`) to its per-view shape.
+            stored key (:func:`radio_lit.training.batch.output_key`) to its per-view shape.
         data: ``{"config": the run's data section, "crop_size", "view_margin", "seed", "num_items",
             "batch_size", "val_dir", "val_items"}``; ``val_items`` validation views (the
             center crops of ``val_dir``) are in :data:`VAL_FILE`.

@@ -27,7 +27,7 @@ from safetensors.torch import load as load_safetensors
 from torch import Tensor
 from webdataset import TarWriter
 
-from radio_lit.errors import ConfigError
+from radio_lit.core.errors import ConfigError
 
 __all__ = [
     "TAR_OPTIONS",

@@ -1,15 +1,12 @@
-"""``radio-lit cache``: run a config's teachers once over its training data and store the views.
-
-    radio-lit cache --config configs/quickstart.yaml --out cache/quickstart --views 8
-    radio-lit fit --config configs/quickstart.yaml --data radio_lit.cache.CachedViews \\
-        --data.path cache/quickstart
+"""Run a config's teachers once over its training data and store the views (``radio-lit cache``,
+:mod:`radio_lit.cli.cache`).
 
 For every training item ``i`` (images, times the data's ``repeats``) and view ``v < views``
 the writer draws the crop exactly as training draws item ``i`` in epoch ``v`` (the same
 transform under the seed ``(seed, v, i)``, :mod:`radio_lit.data.resumable`), and runs every
 teacher on it at every view size the run can show it (its native resolution, or one per
 student resolution of its partitions if it follows the student), with the step's own code
-(:func:`~radio_lit.step.run_teachers`), on the very rows the live step gives the teacher in
+(:func:`~radio_lit.training.step.run_teachers`), on the very rows the live step gives the teacher in
 epoch ``v`` at each rank count of ``--ranks`` (same images, same rows, same mosaic canvases:
 :mod:`radio_lit.cache.grouping`; the rows no partition of a teacher takes are then run through
 it together). Stored per view: the crop (uint8, what the student's view is made from) and each
@@ -18,9 +15,6 @@ per rank count. The validation images of
 the run's ``val_dir`` (their fixed center crops, in each rank's validation batches) are stored
 the same way, in one file, so a run from the cache validates without its teachers. Layout:
 :mod:`radio_lit.cache.shards`, :mod:`radio_lit.cache.manifest`.
-
-``--views epochs`` writes what the run will read and no more: its ``max_steps`` steps (the
-last view only up to the last step's batch), not whole epochs (:func:`run_extent`).
 
 The size is printed before anything is written, and the command refuses to start if the disk
 lacks the room. Interrupted, it resumes: finished shards are kept, a partial one is rewritten.
@@ -32,10 +26,8 @@ from __future__ import annotations
 
 import io
 import os
-import shlex
 import shutil
 import sys
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -50,7 +42,6 @@ from tqdm import tqdm
 from webdataset import TarWriter
 
 from radio_lit.cache import identity
-from radio_lit.cache.batch import output_key
 from radio_lit.cache.grouping import (
     grouped_key,
     partitions_record,
@@ -69,129 +60,15 @@ from radio_lit.cache.manifest import (
 from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, write_shard
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
-from radio_lit.errors import CommandParser
-from radio_lit.step import run_teachers
+from radio_lit.training.batch import output_key
+from radio_lit.training.step import run_teachers
 
-__all__ = ["main", "write_cache"]
+__all__ = ["write_cache"]
 
 #: Target size of one shard when --samples-per-shard is not given.
 SHARD_BYTES = 256 * 2**20
 #: Tar bytes beside the samples: the end-of-archive blocks and the record padding.
 _TAR_END = 10240
-
-
-def _parser() -> CommandParser:
-    parser = CommandParser(
-        prog="radio-lit cache",
-        description="Run a config's teachers over its training data once and store the views "
-        "(crops and teacher outputs) for radio-lit fit with data: radio_lit.cache.CachedViews. "
-        "Any other --section.key value option is applied to the config, as for radio-lit fit.",
-    )
-    parser.add_argument("--config", action="append", required=True, help="the run's config(s)")
-    parser.add_argument("--out", type=Path, required=True, help="the cache folder")
-    parser.add_argument(
-        "--views",
-        default="8",
-        help="views per image (default: 8), or 'epochs': what the run reads, so that a run "
-        "from the cache sees what the live run would (its max_steps steps: whole epochs, "
-        "then the last epoch's first steps)",
-    )
-    parser.add_argument(
-        "--ranks",
-        type=int,
-        nargs="+",
-        default=None,
-        help="rank counts the cache replays exactly at (each rank count's teacher batches and "
-        "mosaic canvases are stored; default: the config's trainer devices x num_nodes)",
-    )
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    parser.add_argument("--samples-per-shard", type=int, default=None, help="default: ~256 MiB")
-    parser.add_argument("--shard-index", type=int, default=int(os.environ.get("RANK", 0)))
-    parser.add_argument("--num-shards", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
-    parser.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK if any, else cpu")
-    return parser
-
-
-def main(argv: Sequence[str]) -> None:
-    """Entry point of ``radio-lit cache``."""
-    parser = _parser()
-    args, overrides = parser.parse_with_overrides(argv)
-    if args.views != "epochs" and not (args.views.isdigit() and int(args.views) >= 1):
-        parser.error(f"--views must be a positive integer or 'epochs', got {args.views!r}")
-    if not 0 <= args.shard_index < args.num_shards:
-        parser.error(
-            f"--shard-index {args.shard_index} must lie in [0, --num-shards {args.num_shards})"
-        )
-    for config in args.config:
-        if not Path(config).is_file():
-            parser.error(f"--config {config}: no such config file")
-    cli = _build_run([a for config in args.config for a in ("--config", config)] + overrides)
-    ranks = args.ranks or [int(cli.trainer.world_size)]
-    if min(ranks) < 1:
-        parser.error(f"--ranks must be positive rank counts, got {args.ranks}")
-    views, samples = run_extent(cli, ranks) if args.views == "epochs" else (int(args.views), None)
-    write_cache(
-        cli.model,
-        cli.datamodule,
-        cli.config.as_dict(),
-        args.out,
-        views=views,
-        dtype=args.dtype,
-        samples_per_shard=args.samples_per_shard,
-        shard_index=args.shard_index,
-        num_shards=args.num_shards,
-        device=args.device,
-        precision=str(cli.trainer.precision),
-        command="radio-lit cache " + " ".join(argv),
-        ranks=ranks,
-        samples=samples,
-    )
-    others = " once every process has written its shards" if args.num_shards > 1 else ""
-    print(f"radio-lit cache: {args.out} written; train from it{others} with:", flush=True)
-    print(shlex.join(fit_command(args.config, overrides, args.out)), flush=True)
-
-
-def fit_command(configs: Sequence[str], overrides: Sequence[str], out: Path) -> list[str]:
-    """The ``radio-lit fit`` that trains from the cache ``out`` of the run ``configs`` +
-    ``overrides``: the same configs and overrides but the ``--data…`` ones (the data is the
-    cache's), and ``data: radio_lit.cache.CachedViews`` at ``out``."""
-    kept: list[str] = []
-    items = list(overrides)
-    while items:
-        option = items.pop(0)
-        value = (
-            [items.pop(0)] if "=" not in option and items and not items[0].startswith("--") else []
-        )
-        if not (option == "--data" or option.startswith(("--data.", "--data="))):
-            kept += [option, *value]
-    data = ["--data", "radio_lit.cache.CachedViews", "--data.path", str(out)]
-    return ["radio-lit", "fit", *(a for c in configs for a in ("--config", c)), *kept, *data]
-
-
-def _build_run(args: list[str]) -> Any:
-    """The run's model, data and trainer, built from its config (not run)."""
-    from radio_lit.cli import RadioLitCLI
-
-    with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit cache`
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        return RadioLitCLI(args=[*args, "--trainer.logger", "false"], run=False)
-
-
-def run_extent(cli: Any, ranks: Sequence[int]) -> tuple[int, int | None]:
-    """``(views, samples)`` a run of ``cli``'s config reads at any of the rank counts
-    ``ranks``: with ``max_steps``, its steps' samples (the first ``samples`` of the cache's
-    numbering, :mod:`radio_lit.cache.manifest`); else ``max_epochs`` whole views
-    (``samples`` ``None``)."""
-    trainer, datamodule = cli.trainer, cli.datamodule
-    if trainer.max_steps is None or trainer.max_steps < 0:
-        return max(1, int(trainer.max_epochs or 1)), None
-    items = len(datamodule.build_train_dataset())
-    batch, needed = datamodule.batch_size, 1
-    for world in ranks:
-        per_epoch = max(1, train_steps(items, world, batch))
-        full, rest = divmod(trainer.max_steps, per_epoch)
-        needed = max(needed, full * items + rest * batch * world)
-    return -(-needed // items), needed
 
 
 def _device(device: str | None) -> torch.device:
@@ -230,7 +107,7 @@ class _Recorder:
         """Outputs ``{output_key: [B, ...] float32}`` of each partition's teachers on its
         ``rows`` of the crops ``pixels [B, 3, S, S]`` uint8 (all at once, as the step runs
         them), at every student resolution of the partition; ``train``: of the crop's shared
-        region (``model.shifts``' margin, :mod:`radio_lit.shifts`), else of the whole crop.
+        region (``model.shifts``' margin, :mod:`radio_lit.geometry.shifts`), else of the whole crop.
 
         The rows no partition of a teacher takes here are then run through it together
         [choice]: a replay in another grouping reads them, which the cache allows only

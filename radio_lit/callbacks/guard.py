@@ -19,11 +19,11 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from radio_lit.cache.batch import student_pixels
 from radio_lit.callbacks._common import distillation_module
+from radio_lit.core.errors import TrainingStopped
 from radio_lit.data.views import as_float_images
-from radio_lit.errors import TrainingStopped
 from radio_lit.module import DistillationModule
+from radio_lit.training.batch import student_pixels
 
 
 @torch.no_grad()
@@ -83,7 +83,7 @@ class NonFiniteGuard(Callback):
     step the guard finds the cause by re-running the step's pieces without gradients, then
     either skips the update (at most ``max_skipped_steps`` times in a run; counted, logged as
     ``train/skipped_steps`` and checkpointed) or raises
-    :class:`~radio_lit.errors.TrainingStopped` (``radio-lit`` exits with status 1). Checkpoints
+    :class:`~radio_lit.core.errors.TrainingStopped` (``radio-lit`` exits with status 1). Checkpoints
     are checked before they are written: non-finite weights or statistics stop the run instead.
 
     Args:

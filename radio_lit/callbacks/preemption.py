@@ -12,14 +12,14 @@ only, or the ranks at different steps, stops them all after the same step. Every
 part in :meth:`~lightning.pytorch.Trainer.save_checkpoint` (``last-preempted.ckpt`` in the run's
 checkpoint folder, written where :class:`~lightning.pytorch.callbacks.ModelCheckpoint` writes,
 so it resumes exactly as that callback's checkpoints do), the step's logs are written, and the
-run stops before the next batch with :class:`~radio_lit.errors.Preempted`. Under SLURM, rank 0
+run stops before the next batch with :class:`~radio_lit.core.errors.Preempted`. Under SLURM, rank 0
 first requeues the job (``scontrol requeue``); the requeued job resumes from the newest
-checkpoint of the same run folder (:mod:`radio_lit.runs`). A second Ctrl-C interrupts at once.
+checkpoint of the same run folder (:mod:`radio_lit.cli.runs`). A second Ctrl-C interrupts at once.
 Once a resumed run has written a checkpoint of a later step (a whole training state: Lightning
 calls ``on_save_checkpoint`` for no weights-only one), the ``last-preempted.ckpt`` it resumed
 from is removed (rank 0), so that the folder's newest checkpoint is the run's last.
 
-The handler is the process's :data:`radio_lit.cluster.STOP`: ``radio-lit fit`` takes the
+The handler is the process's :data:`radio_lit.distributed.cluster.STOP`: ``radio-lit fit`` takes the
 signals before it builds anything (a signal then stops the build at once, nothing to save),
 and this callback switches it to recording when training is set up (:meth:`Preemption.setup`).
 ``radio-lit fit`` adds this callback itself and turns Lightning's SLURM signal handling off
@@ -40,8 +40,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.distributed import ReduceOp
 
-from radio_lit.cluster import STOP, requeue, slurm_job_id
-from radio_lit.errors import Preempted
+from radio_lit.core.errors import Preempted
+from radio_lit.distributed.cluster import STOP, requeue, slurm_job_id
 
 #: File name of the checkpoint written on a stop signal (Lightning's ``ckpt_path="last"``
 #: finds it too).
@@ -168,7 +168,7 @@ class Preemption(Callback):
     ) -> None:
         """Stop before the batch after the saved step (its logs and validation are written):
         under SLURM rank 0 requeues the job; rank 0 says where the run is and how it goes on;
-        then every rank raises :class:`~radio_lit.errors.Preempted` together (a rank that
+        then every rank raises :class:`~radio_lit.core.errors.Preempted` together (a rank that
         exited early would make ``srun --kill-on-bad-exit`` end rank 0 mid-requeue)."""
         self._drop_stale()
         if not self.stopping or self.checkpoint is None:

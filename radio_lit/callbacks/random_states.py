@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from radio_lit.random_streams import gather_ranks, own_rank
+from radio_lit.training.random_streams import gather_ranks, own_rank
 
 
 def capture() -> dict[str, Any]:

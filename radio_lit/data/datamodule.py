@@ -23,7 +23,6 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 
-from radio_lit.cluster import worker_ignores_stop_signals
 from radio_lit.data.image_folder import (
     ImageFolderDataset,
     check_decodable,
@@ -34,6 +33,7 @@ from radio_lit.data.resumable import ResumableDataLoader, SeededItems, SeededSam
 from radio_lit.data.shards import ImageShards, existing_shard_urls
 from radio_lit.data.synthetic import SyntheticImages
 from radio_lit.data.transforms import eval_transform, train_transform
+from radio_lit.distributed.cluster import worker_ignores_stop_signals
 
 
 class ImageDataModule(LightningDataModule):

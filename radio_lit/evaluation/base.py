@@ -5,7 +5,7 @@ A measure is a :class:`Evaluation` callback. It runs
 * every ``every_n_steps`` optimizer steps and once more at the end of ``fit`` (after the
   step's ``on_train_batch_end``, never inside the training step);
 * at the end of ``radio-lit validate`` and ``radio-lit test`` (alone, on a checkpoint);
-* from ``radio-lit evaluate`` (:mod:`radio_lit.evaluation.command`), on a training checkpoint
+* from ``radio-lit evaluate`` (:mod:`radio_lit.cli.evaluate`), on a training checkpoint
   or an exported model, through :meth:`Evaluation.evaluate`.
 
 Every rank runs the measure on its share of the images (the student's forward is collective

@@ -5,7 +5,8 @@ at every validation (C-RADIOv4 report 2.3; the ablation rows of ``radio-lit abla
 For every teacher wrapped in :class:`~radio_lit.teachers.FixedPatternTeacher`, each validation
 batch is seen once more on *unshifted* views: the student's estimate of the teacher in the
 teacher's space (student, adaptor head, normalizer inverse: :func:`module_view`, at the
-module's ``student_resolution``) is brought to the teacher's grid (:func:`radio_lit.grid.resample`:
+module's ``student_resolution``) is brought to the teacher's grid
+(:func:`radio_lit.geometry.grid.resample`:
 the identity when the grids match) and compared with the teacher's *clean* features
 (:meth:`FixedPatternTeacher.clean`) by :class:`~radio_lit.metrics.PatternShare`. At the end of
 the validation epoch the values are logged as ``val/<teacher>/pattern_share`` and
@@ -26,15 +27,15 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from radio_lit.cache.batch import student_pixels
 from radio_lit.callbacks._common import distillation_module
+from radio_lit.core.errors import ConfigError
 from radio_lit.data.views import as_float_images
-from radio_lit.errors import ConfigError
 from radio_lit.evaluation.view import module_view
-from radio_lit.grid import resample
+from radio_lit.geometry.grid import resample
 from radio_lit.metrics.fixed_pattern import PatternShare
 from radio_lit.normalizers.statistics import statistics_ready
 from radio_lit.teachers.fixed_pattern import FixedPatternTeacher
+from radio_lit.training.batch import student_pixels
 
 __all__ = ["FixedPatternProbe"]
 

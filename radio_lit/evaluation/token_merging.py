@@ -1,7 +1,8 @@
 """Reconstruction error of output token merging (RADIOv2.5 section 4.8, table 18).
 
 The student's output patch tokens are merged to each chosen token count with each strided sink
-layout (:mod:`radio_lit.tokens`: bipartite soft matching on the values), unmerged back to the
+layout (:mod:`radio_lit.evaluation.tokens`: bipartite soft matching on the values), unmerged back
+to the
 grid, and the normalized MSE of the reconstruction against the unmerged tokens is averaged over
 the images: table 18's measure, rows by sink layout, one column per token count.
 """
@@ -13,8 +14,8 @@ from torchmetrics import MeanMetric
 from radio_lit.data.views import as_float_images
 from radio_lit.evaluation.base import Evaluation, Report, images_of
 from radio_lit.evaluation.data import SAMPLE_CLASSES, labeled_images, rank_batches, unlabeled_images
+from radio_lit.evaluation.tokens import merge_tokens, normalized_reconstruction_error, unmerge
 from radio_lit.evaluation.view import BACKBONE, ModelView
-from radio_lit.tokens import merge_tokens, normalized_reconstruction_error, unmerge
 
 
 class TokenMerging(Evaluation):

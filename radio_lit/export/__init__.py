@@ -8,12 +8,12 @@
   :class:`RadioLitModel`, laid out as a RADIO checkpoint.
 - :func:`exported_model`: :func:`checkpoint_inference_model` with the weights' source
   (checkpoint, step, raw or EMA) in its config.
-- :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`, :func:`save_hf` (a
-  Hugging Face folder with its :func:`model_card`, written from what the run logged for the
-  checkpoint's step, :func:`run_metrics`; :func:`export_hf` from a checkpoint);
+- :func:`save_radio`, :func:`save_safetensors`, :func:`save_onnx`; the Hugging Face folder
+  (:mod:`radio_lit.hf.folder`) carries a :func:`model_card` written from what the run logged
+  for the checkpoint's step (:func:`run_metrics`);
   :func:`save_timm` / :func:`export_timm` (the backbone for timm's and transformers' C-RADIO
   classes); :func:`load` (also ``radio_lit.load``).
-- ``radio-lit export`` (:mod:`radio_lit.export.cli`).
+- ``radio-lit export`` (:mod:`radio_lit.cli.export`).
 """
 
 from radio_lit.export.card import model_card
@@ -33,7 +33,6 @@ from radio_lit.export.files import (
     save_safetensors,
 )
 from radio_lit.export.fold import fold_affine, fold_normalizer
-from radio_lit.export.hf import export_hf, save_hf, select_heads
 from radio_lit.export.logged import run_metrics
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
@@ -43,7 +42,6 @@ from radio_lit.export.timm_radio import export_timm, save_timm
 __all__ = [
     "RadioLitModel",
     "checkpoint_inference_model",
-    "export_hf",
     "export_timm",
     "exported_model",
     "fold_affine",
@@ -58,10 +56,8 @@ __all__ = [
     "read_radio",
     "read_safetensors",
     "run_metrics",
-    "save_hf",
     "save_onnx",
     "save_radio",
     "save_safetensors",
     "save_timm",
-    "select_heads",
 ]

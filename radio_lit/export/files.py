@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from radio_lit.errors import ConfigError
+from radio_lit.core.errors import ConfigError
 from radio_lit.export.convert import radio_incompatibilities
 from radio_lit.export.model import RadioLitModel, to_radio_keys
 
 RADIO_SUFFIXES = (".pth", ".pt", ".tar")
-#: A Hugging Face model folder's config and weights (:mod:`radio_lit.export.hf`), the
+#: A Hugging Face model folder's config and weights (:mod:`radio_lit.hf.folder`), the
 #: weights under this prefix (radio-lit's layer names).
 CONFIG_NAME, WEIGHTS_NAME, HF_PREFIX = "config.json", "model.safetensors", "radio_model."
 #: A Hugging Face Hub model id, ``owner/name``.
@@ -143,7 +143,7 @@ def _loads_alone(path: Path) -> bool:
 
 
 def refuse_overwrite(paths: Iterable[Path], prog: str) -> None:
-    """Refuse (:class:`~radio_lit.errors.ConfigError`, one line naming ``--overwrite``) to
+    """Refuse (:class:`~radio_lit.core.errors.ConfigError`, one line naming ``--overwrite``) to
     write where something already is: an existing file among ``paths``, or a folder that is
     not empty. Commands call it unless ``--overwrite`` was given."""
     for path in paths:

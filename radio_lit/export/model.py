@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radio_lit.core.outputs import TeacherOutput
 from radio_lit.students import ERadio, MLPHead
 from radio_lit.students.cpe_vit import cpe_eval_window
 from radio_lit.students.vitdet import run_windowed
-from radio_lit.teachers.base import TeacherOutput
 
 #: radio-lit's MLPHead layer names -> RADIO's adaptor MLP "v2" names (``adaptor_mlp.MLP2``).
 MLP_V2_NAMES = {"inp.": "fc1.", "norm.": "final.0.", "out.": "final.2."}

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 from radio_lit.hf.configuration import RadioLitConfig
 
 if TYPE_CHECKING:
-    from radio_lit.teachers.base import TeacherOutput
+    from radio_lit.core.outputs import TeacherOutput
 
 
 class RadioLitHFModel(PreTrainedModel):

@@ -72,7 +72,7 @@ class Balancer(nn.Module):
         Called exactly once per training step on every rank (a collective for balancers
         whose state is shared across ranks), with the terms of each chunk this rank runs
         (possibly none) and each chunk's fraction of its partition's batch (``1 / |R_p|``,
-        :class:`radio_lit.partitions.Chunk`), so that a partition counts once whatever the
+        :class:`radio_lit.training.partitions.Chunk`), so that a partition counts once whatever the
         number of ranks it is split over. Stateless balancers ignore it.
         """
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from radio_lit.metrics.distillation import DistillationMetrics
-from radio_lit.partitions import Chunk
+from radio_lit.training.partitions import Chunk
 
 
 def logs_this_step(trainer: Any, step: int | None = None) -> bool:

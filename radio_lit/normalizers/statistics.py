@@ -49,7 +49,7 @@ def accumulate_statistics(
             a teacher absent from every chunk is not run by this rank (nor in its group).
         refit: recompute every transform from everything accumulated, then share it.
         sources: teacher name -> first global rank of its process group, for teachers that
-            run on only some ranks (:attr:`radio_lit.partitions.PartitionPlan.sources`).
+            run on only some ranks (:attr:`radio_lit.training.partitions.PartitionPlan.sources`).
     """
     for name, normalizer in normalizers.items():
         rows = [

@@ -15,7 +15,8 @@ rank), on weights, not biases. Off at evaluation. Which weights (notes 2.5):
 - never biases.
 
 Draws: torch's default generators at the time of the forward. In a training step these are
-this rank's own stream (:class:`~radio_lit.student_step.StudentStep`: seeded from the run's seed
+this rank's own stream (:class:`~radio_lit.training.student_step.StudentStep`: seeded from the
+run's seed
 and the global rank, in every checkpoint), so every rank draws its own noise, and a resumed run
 draws the noise the interrupted one would have. ``[choice]`` ξ is drawn per layer as the layer
 runs, in the order the layers run.

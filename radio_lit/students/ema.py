@@ -17,7 +17,7 @@ for the whole run (RADIO #181), lives in the module's state (``ema.student.*``,
 - what ``x`` is: ``"backbone"`` (default: the student's patch tokens), ``"heads"`` (each
   adaptor's dense output, averaged over teachers) or ``"both"`` (their sum);
 - the EMA view: the student's resolution, its own shift drawn like the student's
-  (:class:`~radio_lit.shifts.PatchShifts`; unshifted when the run has no ``model.shifts``);
+  (:class:`~radio_lit.geometry.shifts.PatchShifts`; unshifted when the run has no ``model.shifts``);
 - the EMA runs in eval mode (no CPE jitter, no dropout, no DAMP noise);
 - the weight of the term (``weight``, default 1.0, added to the balanced total).
 """
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radio_lit.geometry.shifts import combined_mask, masked_loss, to_crop_frame
 from radio_lit.losses import MSE
-from radio_lit.shifts import combined_mask, masked_loss, to_crop_frame
 
 __all__ = ["MESA", "EMAStudent", "check_pairs", "fill_missing_ema", "mesa_loss"]
 

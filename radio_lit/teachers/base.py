@@ -9,33 +9,17 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from radio_lit.core.outputs import TeacherOutput
 from radio_lit.data.views import teacher_view
 from radio_lit.teachers.speed import EncoderRunner, TeacherSpeed
 
 # Lightning's summary of a fit counts modules in eval mode: teachers are, by design (train).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-
-
-@dataclass
-class TeacherOutput:
-    """What a teacher returns for a batch (a plain dataclass, so Lightning can move it).
-
-    Attributes:
-        summary: ``[B, C_s]`` image-level vector, or ``None`` (SAM).
-        features: ``[B, H, W, C]`` patch features on the teacher's grid.
-        valid: ``[B, H, W]`` bool, the tokens that show the image when the teacher saw a
-            shifted view (:mod:`radio_lit.shifts`); ``None``: every token.
-    """
-
-    summary: Tensor | None
-    features: Tensor
-    valid: Tensor | None = None
 
 
 class Teacher(nn.Module):
@@ -153,7 +137,7 @@ class Teacher(nn.Module):
             )
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """``model.compile`` (:func:`radio_lit.compiling.compile_models`): ``torch.compile`` of
+        """``model.compile`` (:func:`radio_lit.core.compiling.compile_models`): ``torch.compile`` of
         the encoder call (not the view) with static shapes unless ``dynamic`` is given, as
         ``speed.compile`` does; a teacher's own ``speed.compile`` (``false`` included) wins."""
         if self.speed_runner is None:

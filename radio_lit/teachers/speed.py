@@ -6,7 +6,7 @@ Each acts on the teacher's own encoder call (:meth:`radio_lit.teachers.Teacher.r
 between the view and the cast of its outputs), never on the training step around it, so a
 teacher behaves the same in ``radio-lit fit``, ``radio-lit cache`` and the benchmarks:
 
-- ``compile``: ``torch.compile`` of ``encode`` (:class:`radio_lit.compiling.CompiledCall`):
+- ``compile``: ``torch.compile`` of ``encode`` (:class:`radio_lit.core.compiling.CompiledCall`):
   static shapes, one graph per input shape (a partition's batch and a resolution), compiled at
   its first call and never again; ``reduce-overhead`` / ``max-autotune`` add CUDA graphs,
   whose outputs are copied out of the graphs' memory pool before the next teacher runs.
@@ -43,8 +43,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from torch.overrides import TorchFunctionMode
 
-from radio_lit.compiling import CompiledCall, CompileOption
-from radio_lit.errors import ConfigError
+from radio_lit.core.compiling import CompiledCall, CompileOption
+from radio_lit.core.errors import ConfigError
 
 #: SDPA backends a teacher may ask for, by their YAML names.
 SDPA_BACKENDS: dict[str, SDPBackend] = {

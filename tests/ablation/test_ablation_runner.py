@@ -15,7 +15,7 @@ from radio_lit.ablation import FinalValidation, runner
 from radio_lit.ablation.processes import Slot, job_slots
 from radio_lit.ablation.progress import Progress, RowState
 from radio_lit.ablation.rows import ROWS, resolve_rows
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 
 from radio_lit.ablation import C_RADIO_ROWS, ROW_SETS, runner
 from radio_lit.ablation.rows import resolve_rows, slug
-from radio_lit.cli import RadioLitCLI, main
+from radio_lit.cli.app import RadioLitCLI, main
 from radio_lit.evaluation import FixedPatternProbe
 from radio_lit.losses import MSE, AngleBalanced, Cosine
 from radio_lit.normalizers import PhiS
@@ -74,7 +74,7 @@ def test_each_row_adds_its_parts_to_the_v25_losses(full_row, row):
     assert model.loss.class_path == "radio_lit.losses.MSE"
     assert model.summary_loss.class_path == f"radio_lit.losses.{summary_loss.__name__}"
     # every row views the crop's centre (margin 0.25); the shifted rows shift (RADIO #181)
-    assert model.shifts.class_path == "radio_lit.shifts.PatchShifts"
+    assert model.shifts.class_path == "radio_lit.geometry.shifts.PatchShifts"
     assert model.shifts.init_args.margin == 0.25
     assert model.shifts.init_args.std == (0.5 if shifts else 0.0)
     assert (model.mesa is not None) == (model.damp is not None) == mesa_damp

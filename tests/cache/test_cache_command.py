@@ -20,8 +20,8 @@ from safetensors.torch import load as load_safetensors
 
 from radio_lit.cache import Manifest
 from radio_lit.cache.manifest import epoch_order
-from radio_lit.cli import main
-from radio_lit.evaluation.command import _run_cli
+from radio_lit.cli.app import main
+from radio_lit.cli.evaluate import _run_cli
 from tests.teachers.tiny import tiny_teacher_configs
 
 

@@ -20,7 +20,7 @@ from radio_lit.cache.writer import write_cache
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.data import SAMPLE_IMAGES, ImageFolderDataModule
 from radio_lit.normalizers import PhiS
-from radio_lit.partitions import Partition
+from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher
 
@@ -155,9 +155,9 @@ def test_every_cached_batch_holds_what_the_live_teachers_return(
     """Over a whole epoch of the ablation base, the cache holds bit for bit what the teachers
     return on the live run's batches: the writer runs them on those batches, each image in
     its row."""
-    from radio_lit.cache.writer import _build_run
+    from radio_lit.cli.cache import _build_run
     from radio_lit.data.views import as_float_images
-    from radio_lit.step import run_teachers
+    from radio_lit.training.step import run_teachers
 
     base = Path(__file__).resolve().parents[2] / "configs" / "ablations" / "base.yaml"
     # 20 crops, batch 8: 2 batches (the last 4 dropped); the old item-order layout already

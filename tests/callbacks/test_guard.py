@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from radio_lit.callbacks import NonFiniteGuard
-from radio_lit.errors import TrainingStopped
+from radio_lit.core.errors import TrainingStopped
 from tests.builders import cpu_trainer, image_batches, tiny_module
 from tests.distributed.gloo import run_gloo_workers
 

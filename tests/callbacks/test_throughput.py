@@ -8,7 +8,7 @@ import pytest
 from lightning.pytorch import Callback
 
 from radio_lit.callbacks import ImagesPerSecond, throughput
-from radio_lit.partitions import Partition
+from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from radio_lit.cluster import launch_rank
+from radio_lit.distributed.cluster import launch_rank
 from radio_lit.teachers import DINOv2Teacher
 
 

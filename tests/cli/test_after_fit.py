@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 from radio_lit.evaluation.base import Evaluation, Report
 
 

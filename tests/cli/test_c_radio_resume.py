@@ -50,7 +50,7 @@ def _argv(config: Path, *extra: str) -> list[str]:
 
 def _fit(run_dir: Path, *extra: str) -> dict:
     config = run_dir / "run.yaml" if (run_dir / "run.yaml").exists() else _write(run_dir)
-    result = forking.run("radio_lit.cli:main", [_argv(config, *extra)], run_dir / "fit", 600)
+    result = forking.run("radio_lit.cli.app:main", [_argv(config, *extra)], run_dir / "fit", 600)
     assert result.exitcode == 0, result.stderr[-4000:]
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
@@ -59,7 +59,7 @@ def _fit(run_dir: Path, *extra: str) -> dict:
 def test_a_killed_c_radio_run_resumes_exactly(tmp_path):
     killed_dir = tmp_path / "killed"
     run = forking.start(
-        "radio_lit.cli:main",
+        "radio_lit.cli.app:main",
         [_argv(_write(killed_dir, pause_at=KILL_AT))],
         killed_dir / "killed",
         new_session=True,

@@ -1,4 +1,4 @@
-"""The parsers jsonargparse keeps (:mod:`radio_lit.class_parsers`) parse, build and refuse what
+"""The parsers jsonargparse keeps (:mod:`radio_lit.cli.class_parsers`) parse, build and refuse what
 freshly built ones do: the same config, the same objects, the same messages, on the first use
 and when reused."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from jsonargparse import ArgumentError
 
-from radio_lit import class_parsers
-from radio_lit.cli import RadioLitCLI
-from radio_lit.errors import RadioLitError
+from radio_lit.cli import class_parsers
+from radio_lit.cli.app import RadioLitCLI
+from radio_lit.core.errors import RadioLitError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -19,7 +19,7 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 #: callback appended with its own arguments, a teacher init arg.
 OVERRIDES = [
     "--model.normalizer=radio_lit.normalizers.PhiS",
-    "--model.shifts=radio_lit.shifts.PatchShifts",
+    "--model.shifts=radio_lit.geometry.shifts.PatchShifts",
     "--model.shifts.std=0.5",
     "--trainer.callbacks+=radio_lit.evaluation.RankMe",
     "--trainer.callbacks.crop_size=32",
@@ -67,7 +67,7 @@ def fit_args(tmp_path_factory) -> list[str]:
 
 
 def test_kept_parsers_parse_and_build_what_fresh_ones_do(fit_args):
-    assert class_parsers.install()  # radio_lit.cli installed it on this jsonargparse
+    assert class_parsers.install()  # radio_lit.cli.app installed it on this jsonargparse
     with class_parsers.uncached():
         parsed = _parsed([*fit_args, *OVERRIDES])
         fresh = RadioLitCLI(run=False, args=fit_args)

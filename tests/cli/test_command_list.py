@@ -7,7 +7,7 @@ import re
 import pytest
 
 from radio_lit import __version__, cli
-from radio_lit.command_list import LIGHTNING_COMMANDS
+from radio_lit.cli.commands import LIGHTNING_COMMANDS
 
 
 def _command_lines(text: str) -> dict[str, str]:

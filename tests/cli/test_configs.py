@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from radio_lit.cli import RadioLitCLI, main
+from radio_lit.cli.app import RadioLitCLI, main
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

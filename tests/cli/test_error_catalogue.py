@@ -1,6 +1,6 @@
 """The error catalogue: every known bad input, through the real ``radio-lit`` command.
 
-Each entry calls ``radio_lit.cli.main`` (what the ``radio-lit`` console script runs) with a
+Each entry calls ``radio_lit.cli.app.main`` (what the ``radio-lit`` console script runs) with a
 bad command line, in a process forked from the tests' fork server (:mod:`tests.forking`; two
 at a time, one per core), and expects exit code 2, one short message naming the option or
 config key and the problem, no traceback, and no run folder left behind. Three
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from radio_lit import cli
+from radio_lit.cli import app as cli
+from radio_lit.core.errors import TRACEBACK_ENV
 from radio_lit.data.image_folder import list_images
-from radio_lit.errors import TRACEBACK_ENV
 from tests import forking
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,14 +66,24 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
             "--trainer.strategy",
             '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}',
         ],
-        ["trainer.strategy", "cannot resume", "radio_lit.strategies.ModelParallelStrategy"],
+        [
+            "trainer.strategy",
+            "cannot resume",
+            "radio_lit.distributed.strategies.ModelParallelStrategy",
+        ],
     ),
     "FSDP2 prefetching no block": (
         [*FIT, "--model.fsdp2.prefetch", "0"],
         ["model.fsdp2.prefetch", "must be >= 1", "got 0"],
     ),
     "negative shift spread": (
-        [*FIT, "--model.shifts", "radio_lit.shifts.PatchShifts", "--model.shifts.std", "-1"],
+        [
+            *FIT,
+            "--model.shifts",
+            "radio_lit.geometry.shifts.PatchShifts",
+            "--model.shifts.std",
+            "-1",
+        ],
         ["model.shifts.init_args", "std (-1.0)", "must be >= 0"],
     ),
     "a ViTDet probability without windows": (
@@ -295,7 +305,9 @@ def _bad_input(name: str, scratch: Path, env: dict[str, str]) -> BadInput:
     (scratch / "corrupt.ckpt").write_bytes(os.urandom(2048))
     argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
     start = time.monotonic()
-    outcome = forking.run("radio_lit.cli:main", [argv], scratch / "forked", env=env, cwd=scratch)
+    outcome = forking.run(
+        "radio_lit.cli.app:main", [argv], scratch / "forked", env=env, cwd=scratch
+    )
     return outcome, time.monotonic() - start, scratch
 
 
@@ -334,7 +346,7 @@ def test_bad_input_gets_one_short_message_and_exit_code_2(bad_inputs, name):
 
 def _command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
     """The real ``radio-lit`` command in a fresh interpreter: (exit status, stderr)."""
-    command = [sys.executable, "-m", "radio_lit.cli", *args]
+    command = [sys.executable, "-m", "radio_lit.cli.app", *args]
     done = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -342,9 +354,9 @@ def _command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]
 
 
 def _forked(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
-    """``radio_lit.cli.main(args)`` in a fork of the tests' fork server: (exit code, stderr)."""
+    """``radio_lit.cli.app.main(args)`` in a fork of the tests' fork server: (exit code, stderr)."""
     folder = Path(tempfile.mkdtemp(prefix="forked-", dir=cwd))  # its stdout and stderr
-    outcome = forking.run("radio_lit.cli:main", [args], folder, env=env, cwd=cwd)
+    outcome = forking.run("radio_lit.cli.app:main", [args], folder, env=env, cwd=cwd)
     return outcome.exitcode, outcome.stderr
 
 

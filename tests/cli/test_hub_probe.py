@@ -8,7 +8,7 @@ import socket
 
 from huggingface_hub import constants
 
-from radio_lit.hub import HubProbe
+from radio_lit.cli.hub import HubProbe
 
 
 def test_a_reachable_hub_stays_online(monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from radio_lit.overlays import overlay_error
+from radio_lit.cli.overlays import overlay_error
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Every shipped YAML that sets no data: the overlays.

@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from torchvision.transforms.v2 import functional as TF
 
 import radio_lit
-from radio_lit.cli import main
+from radio_lit.cli.app import main
+from radio_lit.cli.predict import read_predictions
 from radio_lit.data.image_folder import sample_images_dir
 from radio_lit.export import module_inference_model, save_safetensors
-from radio_lit.predict import read_predictions
 from tests.builders import tiny_module, tiny_student
 from tests.export.tiny_export import STUDENT, TEACHERS
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher

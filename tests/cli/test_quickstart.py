@@ -10,7 +10,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

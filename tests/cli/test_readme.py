@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from radio_lit import cli
+from radio_lit.cli import app as cli
 from radio_lit.normalizers import PhiS
 from tests.builders import tiny_module, tiny_student
 from tests.cli.test_command_list import _command_lines, _help

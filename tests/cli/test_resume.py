@@ -1,6 +1,6 @@
 """Exact resume, the way a user meets it: SIGKILL a real ``radio-lit fit`` and resume it.
 
-The runs are ``radio_lit.cli.main`` (the console script) in processes forked from the tests'
+The runs are ``radio_lit.cli.app.main`` (the console script) in processes forked from the tests'
 fork server (:mod:`tests.forking`), each in a session of its own so that SIGKILL reaches its
 DataLoader workers too.
 
@@ -102,7 +102,7 @@ def argv(config: Path, *extra: str) -> list[str]:
 
 def fit(run_dir: Path, *extra: str) -> dict:
     config = run_dir / "run.yaml" if (run_dir / "run.yaml").exists() else write_config(run_dir)
-    result = forking.run("radio_lit.cli:main", [argv(config, *extra)], run_dir / "fit", 600)
+    result = forking.run("radio_lit.cli.app:main", [argv(config, *extra)], run_dir / "fit", 600)
     assert result.exitcode == 0, result.stderr[-4000:]
     assert "not resumable" not in result.stderr
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -112,7 +112,9 @@ def start_killable(run_dir: Path, step: int) -> forking.Forked:
     """Start a run that pauses before ``step`` (in a session of its own: SIGKILL to its
     process group reaches its DataLoader workers too)."""
     config = write_config(run_dir, pause_at=step)
-    return forking.start("radio_lit.cli:main", [argv(config)], run_dir / "killed", new_session=True)
+    return forking.start(
+        "radio_lit.cli.app:main", [argv(config)], run_dir / "killed", new_session=True
+    )
 
 
 def kill_when_paused(run_dir: Path, run: forking.Forked, step: int) -> Path:
@@ -198,7 +200,7 @@ def test_resuming_with_another_spectral_reparam_version_is_one_line(uninterrupte
     names the option to set, no traceback."""
     last = uninterrupted_dir / "checkpoints" / "last.ckpt"
     extra = ["--ckpt_path", str(last), "--model.student.init_args.spectral_reparam_version", "2"]
-    result = forking.run("radio_lit.cli:main", [argv(write_config(tmp_path), *extra)], tmp_path)
+    result = forking.run("radio_lit.cli.app:main", [argv(write_config(tmp_path), *extra)], tmp_path)
     assert result.exitcode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     (error,) = [line for line in result.stderr.splitlines() if "radio-lit: error:" in line]
@@ -227,7 +229,7 @@ def test_a_checkpoint_of_another_model_leaves_every_run_folder_as_it_was(
     cases = {"new": last, "continued": run / "checkpoints" / "last.ckpt"}
     started = {
         case: forking.start(
-            "radio_lit.cli:main",
+            "radio_lit.cli.app:main",
             [
                 ["fit", "--config", QUICKSTART, *smaller, "--ckpt_path", str(checkpoint)]
                 + ["--trainer.logger.init_args.save_dir", str(tmp_path / case)]
@@ -273,7 +275,7 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     stopped = forking.run(
-        "radio_lit.cli:main", [argv(tmp_path / "run.yaml")], tmp_path / "term", new_session=True
+        "radio_lit.cli.app:main", [argv(tmp_path / "run.yaml")], tmp_path / "term", new_session=True
     )
     assert stopped.exitcode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
     assert "Traceback" not in stopped.stderr
@@ -283,7 +285,7 @@ def test_a_sigterm_saves_says_how_to_resume_and_the_command_resumes_exactly(
     checkpoint = tmp_path / "checkpoints" / "last-preempted.ckpt"
     assert args[0] == "radio-lit" and args[-2:] == ["--ckpt_path", str(checkpoint)]
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 4  # 2 batches an epoch
-    resumed = forking.run("radio_lit.cli:main", [args[1:]], tmp_path / "resumed", 600)
+    resumed = forking.run("radio_lit.cli.app:main", [args[1:]], tmp_path / "resumed", 600)
     assert resumed.exitcode == 0, resumed.stderr[-4000:]
     assert_same_run(torch.load(tmp_path / "checkpoints" / "last.ckpt"), uninterrupted)
     assert "exists and is not empty" not in resumed.stderr

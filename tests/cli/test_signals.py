@@ -1,7 +1,8 @@
 """A stop signal while ``radio-lit fit`` is still building its run, the way a user sends it.
 
 ``radio-lit fit`` takes the stop signals before it imports or builds anything
-(:data:`radio_lit.cluster.STOP`). A Ctrl-C (``SIGINT``) or a ``SIGTERM`` while a teacher is
+(:data:`radio_lit.distributed.cluster.STOP`). A Ctrl-C (``SIGINT``) or a ``SIGTERM`` while a
+teacher is
 being built (:class:`tests.cli.pause.BuildsUntil`: the test decides how long the build lasts,
 no sleep race) stops the run at once: one line, exit status 128 + the signal, no traceback,
 and no run folder (nothing was trained: the same command starts the run again). The same
@@ -52,7 +53,7 @@ def stopped(tmp_path_factory):
         argv = ["fit", "--config", QUICKSTART, "--config", str(folder / "run.yaml")]
         runs[name] = (
             folder,
-            forking.start("radio_lit.cli:main", [argv], folder / "out", cwd=folder),
+            forking.start("radio_lit.cli.app:main", [argv], folder / "out", cwd=folder),
         )
     deadline = time.monotonic() + TIMEOUT_S
     for name, (folder, run) in runs.items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2

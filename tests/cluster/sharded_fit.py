@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 from radio_lit.callbacks import FreezeBody, NonFiniteGuard, RandomStates, TeacherStatsEstimation
 from radio_lit.data import SyntheticDataModule
-from radio_lit.strategies import ModelParallelStrategy
+from radio_lit.distributed.strategies import ModelParallelStrategy
 from tests.builders import cpu_trainer
 from tests.distributed.distributed_fit import build_module
 

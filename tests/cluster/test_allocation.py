@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.cli import LightningCLI
 
-from radio_lit import cli
+from radio_lit.cli import app as cli
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radio_lit import cli
+from radio_lit.cli import app as cli
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 

@@ -50,7 +50,7 @@ def _start(folder: Path, sends: list[tuple[int, int, int]]) -> list[forking.Fork
     argv += ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
     port = _free_port()
     return [
-        forking.start("radio_lit.cli:main", [argv], folder / f"rank{r}", _env(port, r))
+        forking.start("radio_lit.cli.app:main", [argv], folder / f"rank{r}", _env(port, r))
         for r in range(2)
     ]
 

@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
-from radio_lit.runs import (
+from radio_lit.cli.runs import (
     RunFolderState,
     check_checkpoint_dir,
     name_run,

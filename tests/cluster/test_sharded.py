@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from radio_lit.errors import checkpoint_file
+from radio_lit.core.errors import checkpoint_file
 from radio_lit.export.checkpoint import read_training_checkpoint, student_weights
 from tests import forking
 from tests.distributed.test_distributed_fit import _env, _free_port

@@ -147,7 +147,7 @@ def _reference(folder: Path) -> list[forking.Forked]:
     argv = [*_command(), "--config", str(_config(folder))]
     port = _free_port()
     return [
-        forking.start("radio_lit.cli:main", [argv], folder / f"rank{r}", _env(port, r), folder)
+        forking.start("radio_lit.cli.app:main", [argv], folder / f"rank{r}", _env(port, r), folder)
         for r in range(2)
     ]
 

@@ -93,7 +93,7 @@ def runs(tmp_path_factory):
     one_node_port = _free_port()
     ranks = [
         forking.start(
-            "radio_lit.cli:main",
+            "radio_lit.cli.app:main",
             [single],
             folders["one-node"] / f"rank{rank}",
             _rank_env(one_node_port, rank),

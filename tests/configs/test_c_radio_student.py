@@ -8,7 +8,7 @@ from __future__ import annotations
 import timm
 import torch
 
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export import module_inference_model, save_radio
 from radio_lit.export.checkpoint import token_slots
 from radio_lit.export.convert import radio_incompatibilities

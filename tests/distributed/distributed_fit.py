@@ -43,10 +43,10 @@ from torch import Tensor
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
-from radio_lit.partitions import Partition
 from radio_lit.students import spectral_reparam
 from radio_lit.students.ema import MESA
 from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2
+from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import radio_lit
-from radio_lit.cli import main
+from radio_lit.cli.app import main
+from radio_lit.cli.evaluate import _measures, _runnable
 from radio_lit.evaluation import KNNClassification
-from radio_lit.evaluation.command import _measures, _runnable
 from radio_lit.evaluation.view import ModelView, module_view
 from radio_lit.export import module_inference_model, save_safetensors
 from tests.builders import tiny_module

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from radio_lit.callbacks import TeacherStatsEstimation
-from radio_lit.errors import ConfigError
+from radio_lit.core.errors import ConfigError
 from radio_lit.evaluation import FixedPatternProbe
 from radio_lit.teachers import FixedPatternTeacher
 from tests.builders import cpu_trainer, image_batches, tiny_module

@@ -9,9 +9,9 @@ import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
+from radio_lit.cli.evaluate import evaluate
 from radio_lit.evaluation import PCAFeatureImages, RankMe
-from radio_lit.evaluation.command import evaluate
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_quickstart_shows_every_measure_and_evaluate_prints_a_table(tmp_path, mo
         ]
     )
     run_dir = Path(cli.trainer.logger.log_dir)
-    # fit ends with its results: a row per measure, a column per output (radio_lit.results)
+    # fit ends with its results: a row per measure, a column per output (radio_lit.cli.results)
     table = capsys.readouterr().out.split("results at step 2\n", 1)[1].split("\n\n", 1)[0]
     columns = table.splitlines()[0].split()
     results = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}

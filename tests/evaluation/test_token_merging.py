@@ -7,8 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from radio_lit.evaluation import ModelView, TokenMerging
+from radio_lit.evaluation.tokens import (
+    merge_tokens,
+    normalized_reconstruction_error,
+    sink_mask,
+    unmerge,
+)
 from radio_lit.teachers import TeacherOutput
-from radio_lit.tokens import merge_tokens, normalized_reconstruction_error, sink_mask, unmerge
 
 
 def test_strided_sinks_are_the_top_left_of_every_cell():

@@ -13,7 +13,7 @@ import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.evaluation.data import SAMPLE_CLASSES
 from radio_lit.export.card import model_card
 from radio_lit.export.logged import SAMPLE_CLASSES as CARD_SAMPLE_CLASSES
@@ -51,7 +51,10 @@ RUN = {
         "init_args": {"train_dir": "/data/datacomp/train", "val_dir": "/data/datacomp/val"},
     },
     "model": {
-        "shifts": {"class_path": "radio_lit.shifts.PatchShifts", "init_args": {"std": 0.5}},
+        "shifts": {
+            "class_path": "radio_lit.geometry.shifts.PatchShifts",
+            "init_args": {"std": 0.5},
+        },
         "damp": {"class_path": "radio_lit.students.damp.DAMP", "init_args": {"std": 0.1}},
         "mesa": {"class_path": "radio_lit.students.ema.MESA", "init_args": {"decay": 0.9996}},
         "summary_loss": {"class_path": "radio_lit.losses.AngleBalanced"},

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export.logged import metric_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_a_mid_run_checkpoint_of_a_real_run_has_its_own_numbers(tmp_path: Path, 
     logger = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
     logger += ["--trainer.logger.init_args.name", "tiny"]
     main(["fit", "--config", QUICKSTART, "--config", str(config), *logger])
-    (run,) = (tmp_path / "tiny").glob("version_0*")  # named for its overlay (radio_lit.runs)
+    (run,) = (tmp_path / "tiny").glob("version_0*")  # named for its overlay (radio_lit.cli.runs)
     events = EventAccumulator(str(run))
     events.Reload()
     logged = {t: {e.step: e.value for e in events.Scalars(t)} for t in ("val/loss", KNN)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from tests.export.tiny_export import saved_run
 

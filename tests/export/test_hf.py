@@ -17,11 +17,12 @@ from torch.utils.tensorboard import SummaryWriter
 from transformers import AutoImageProcessor, AutoModel
 
 import radio_lit
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.data.image_folder import sample_images_dir
-from radio_lit.export import module_inference_model, save_hf
+from radio_lit.export import module_inference_model
 from radio_lit.export.card import teacher_source
 from radio_lit.export.files import model_file
+from radio_lit.hf.folder import save_hf
 from tests.export.tiny_export import own_outputs, saved_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export import inference_model, load, save_onnx
 from radio_lit.export.onnx import output_names
 from radio_lit.normalizers import Identity

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from radio_lit.cli import main
-from radio_lit.export.cli import FORMAT_SUFFIXES, outputs
+from radio_lit.cli.app import main
+from radio_lit.cli.export import FORMAT_SUFFIXES, outputs
 from tests.export.tiny_export import saved_run
 
 

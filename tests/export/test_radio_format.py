@@ -13,7 +13,7 @@ import torch
 import yaml
 
 import radio_lit
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export import module_inference_model, save_radio, save_safetensors
 from radio_lit.export.convert import teacher_entry
 from tests.builders import tiny_module, tiny_student

@@ -16,7 +16,7 @@ import yaml
 from transformers import AutoModel, RadioModel
 
 import radio_lit
-from radio_lit.cli import main
+from radio_lit.cli.app import main
 from radio_lit.export import checkpoint_inference_model, inference_model, module_inference_model
 from radio_lit.export.model import PatchGenerator, RadioBackbone
 from radio_lit.export.timm_radio import save_timm, timm_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radio_lit.grid import check_policies, loss_grid, resample
+from radio_lit.geometry.grid import check_policies, loss_grid, resample
 from radio_lit.normalizers import PhiS
 from tests.builders import tiny_module
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radio_lit.grid import resample
-from radio_lit.losses import MSE, Cosine
-from radio_lit.shifts import (
+from radio_lit.geometry.grid import resample
+from radio_lit.geometry.shifts import (
     PatchShifts,
     cut_view,
     masked_loss,
@@ -17,6 +16,7 @@ from radio_lit.shifts import (
     shifted_view,
     to_crop_frame,
 )
+from radio_lit.losses import MSE, Cosine
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 from radio_lit.losses import MSE, AdaLoss, Cosine, HybridMSE, TeacherDropping, Uncertainty, Weighted
 from tests.builders import cpu_trainer, image_batches, tiny_module
 

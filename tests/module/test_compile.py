@@ -62,7 +62,7 @@ def test_each_compiled_model_gets_its_own_recompilations(monkeypatch):
     2 per model, two models at two shapes each all compile (none falls back to eager)."""
     from torch._dynamo.utils import counters
 
-    from radio_lit import compiling
+    from radio_lit.core import compiling
 
     monkeypatch.setattr(compiling, "PER_MODEL_RECOMPILES", 2)
     torch._dynamo.reset()

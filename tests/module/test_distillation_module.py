@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radio_lit.data.views import teacher_view
-from radio_lit.grid import resample
+from radio_lit.geometry.grid import resample
 from radio_lit.losses import MSE
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, Standardize

@@ -1,4 +1,4 @@
-"""StudentStep's contract with DistillationModule (radio_lit/student_step.py): the views it
+"""StudentStep's contract with DistillationModule (radio_lit/training/student_step.py): the views it
 shifts, the MESA term it adds, the per-step draws it asks of the student, and each rank's own
 random streams (DAMP's noise, shifts, CPE windows), in checkpoints."""
 
@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader
 
 from radio_lit.cache import CachedBatch
 from radio_lit.callbacks import RandomStates
-from radio_lit.partitions import Chunk
-from radio_lit.shifts import PatchShifts
-from radio_lit.student_step import StudentStep
+from radio_lit.geometry.shifts import PatchShifts
 from radio_lit.students import CPEViT
 from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA
+from radio_lit.training.partitions import Chunk
+from radio_lit.training.student_step import StudentStep
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 from tests.distributed.gloo import run_gloo_workers
 

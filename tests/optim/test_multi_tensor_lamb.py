@@ -14,8 +14,8 @@ import yaml
 from timm.optim import Lamb
 
 from benchmarks.dispatch import count_operations
-from radio_lit.optim import parameter_groups
 from radio_lit.students import CPEViT
+from radio_lit.training.optim import parameter_groups
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 LAMB_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if "timm.optim.Lamb" in p.read_text())

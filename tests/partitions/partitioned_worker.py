@@ -41,7 +41,7 @@ from radio_lit.callbacks import TeacherStatsEstimation
 from radio_lit.losses import AdaLoss, TeacherDropping, Uncertainty, Weighted
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, ZCAWhiten
-from radio_lit.partitions import Partition
+from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module, tiny_student
 
 SEED = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radio_lit.errors import ConfigError
-from radio_lit.partitions import Partition, PartitionPlan, assign_ranks
+from radio_lit.core.errors import ConfigError
+from radio_lit.training.partitions import Partition, PartitionPlan, assign_ranks
 from tests.builders import tiny_module
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher
 
@@ -148,7 +148,7 @@ def test_strategies_that_would_break_partitions_are_refused():
 
 def test_ranks_that_do_not_fit_the_partitions_are_a_config_error():
     """Found at ``setup`` (the rank count is known only then, e.g. under torchrun): a
-    :class:`~radio_lit.errors.ConfigError`, which ``radio-lit`` prints as one line, exit 2."""
+    :class:`~radio_lit.core.errors.ConfigError`, which ``radio-lit`` prints as one line, exit 2."""
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import DDPStrategy

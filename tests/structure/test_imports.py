@@ -1,8 +1,8 @@
-"""The package's import graph: no circles, and no lower layer reaching up to ``module.py``.
+"""The package's import graph: its layers, no upward import, no circle.
 
 Every ``import`` / ``from ... import`` of every module under ``radio_lit/`` counts, wherever it
 stands (top level, inside a function, under ``TYPE_CHECKING``): a function-level import is
-still a dependency.
+still a dependency. A module belongs to the top-level folder (or root module) it lives in.
 """
 
 from __future__ import annotations
@@ -13,22 +13,32 @@ from pathlib import Path
 import networkx as nx
 
 PACKAGE = Path(__file__).resolve().parents[2] / "radio_lit"
-#: Layers below the training module: they take what they need as arguments (DESIGN.md).
-LOWER = (
-    "students",
-    "teachers",
+
+#: radio-lit's layers, lowest first (README, "Layout"; DESIGN.md): a part imports only from
+#: parts below it (and from itself). ``module`` is ``radio_lit/module.py``, the orchestrator.
+LAYERS = (
+    "core",  # errors, the compile option, a teacher's output type: shared leaves
+    "distributed",  # strategies, SLURM and signals
     "normalizers",
     "losses",
     "data",
-    "grid",
-    "partitions",
+    "geometry",  # feature grids, shift-equivariant views
+    "students",
+    "export",  # the inference model and its files (a RADIO teacher can load one)
+    "teachers",
+    "training",  # the step's parts
     "metrics",
-    "export",
-    "optim",
-    "step",
-    "per_teacher",
     "cache",
+    "hf",  # transformers' classes and the Hugging Face folder
+    "module",
+    "callbacks",
+    "evaluation",
+    "ablation",
+    "cli",
 )
+#: The entry points above every layer: ``import radio_lit``, ``python -m radio_lit``, and the
+#: old import paths (:mod:`radio_lit._aliases`, which names modules only as strings).
+ENTRY = ("radio_lit", "radio_lit.__main__", "radio_lit._aliases")
 
 
 def _name(path: Path) -> str:
@@ -59,14 +69,52 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
-def test_no_import_circle():
-    cycles = list(nx.simple_cycles(import_graph()))
-    assert not cycles, f"import circles in radio_lit: {cycles[:5]}"
+def layer(module: str) -> str:
+    """The part of the package ``module`` belongs to (its top-level folder or root module)."""
+    return module.split(".")[1]
 
 
-def test_lower_layers_never_import_the_training_module():
+def part_graph(graph: nx.DiGraph) -> nx.DiGraph:
+    """The import graph between parts (folders and root modules), entry points left out."""
+    parts = nx.DiGraph()
+    for a, b in graph.edges:
+        if a not in ENTRY and b not in ENTRY and layer(a) != layer(b):
+            parts.add_edge(layer(a), layer(b), example=(a, b))
+    return parts
+
+
+def test_every_part_has_a_layer():
     graph = import_graph()
-    lower = [n for n in graph if n.split(".")[1:2] and n.split(".")[1] in LOWER]
-    offenders = {n: sorted(graph.successors(n)) for n in lower if "radio_lit.module" in graph[n]}
-    assert not offenders, f"lower layers importing radio_lit.module: {offenders}"
-    assert nx.has_path(graph, "radio_lit.cli", "radio_lit.module")  # the graph sees imports
+    unplaced = {layer(n) for n in graph if n not in ENTRY} - set(LAYERS)
+    assert not unplaced, f"parts of radio_lit without a layer in LAYERS: {sorted(unplaced)}"
+
+
+def test_no_part_imports_a_higher_one():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = [
+        f"{data['example'][0]} -> {data['example'][1]}"
+        for a, b, data in part_graph(import_graph()).edges(data=True)
+        if rank[b] > rank[a]
+    ]
+    assert not upward, f"imports from a lower layer up to a higher one: {upward}"
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, f"import circles in radio_lit: {cycles[:5]}"
+    between = list(nx.simple_cycles(part_graph(graph)))
+    assert not between, f"import circles between radio_lit's folders: {between[:5]}"
+
+
+def test_the_graph_sees_imports():
+    graph = import_graph()
+    assert nx.has_path(graph, "radio_lit.cli.app", "radio_lit.module")
+    assert graph.has_edge("radio_lit.training.step", "radio_lit.geometry.grid")
+    # a function-level import counts: the check would catch one going up
+    assert graph.has_edge("radio_lit.teachers.radio", "radio_lit.export.files")
+
+
+def test_the_package_root_holds_entry_points_only():
+    files = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert files == ["__init__.py", "__main__.py", "_aliases.py", "module.py"], files

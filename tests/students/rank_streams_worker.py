@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from radio_lit.shifts import PatchShifts
-from radio_lit.student_step import StudentStep
+from radio_lit.geometry.shifts import PatchShifts
 from radio_lit.students.damp import DAMP
+from radio_lit.training.student_step import StudentStep
 from tests.builders import tiny_module
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from radio_lit.shifts import PatchShifts
+from radio_lit.geometry.shifts import PatchShifts
 from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
 from radio_lit.students.spectral_reparam import SpectralLinear
@@ -201,7 +201,7 @@ def test_mesa_is_layer_normed_mse_on_the_overlap_with_no_gradient_to_the_ema():
     generator = torch.Generator().manual_seed(0)
     crop_map = torch.randn(2, 6, 6, 8, generator=generator)
     online_shift, ema_shift = torch.tensor([[1, 0], [0, -1]]), torch.tensor([[0, 1], [-1, 0]])
-    # Each view's map shows the crop's token a + k at token a (radio_lit.shifts).
+    # Each view's map shows the crop's token a + k at token a (radio_lit.geometry.shifts).
     online = _shifted(crop_map * 3.0 + 1.0, online_shift).requires_grad_(True)  # LN removes
     ema = _shifted(crop_map, ema_shift).requires_grad_(True)  # affine changes per token
     loss = mesa_loss({"backbone": online}, {"backbone": ema}, online_shift, ema_shift)

@@ -13,7 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import radio_lit
-from radio_lit.cli import RadioLitCLI, main
+from radio_lit.cli.app import RadioLitCLI, main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [

@@ -52,13 +52,13 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_ema_updates_under_model_parallel_bf16_on_one_cuda_device(tmp_path, monkeypatch):
-    """The issue's path: radio_lit.strategies.ModelParallelStrategy on one CUDA device,
+    """The issue's path: radio_lit.distributed.strategies.ModelParallelStrategy on one CUDA device,
     bf16-mixed, an EMA student with MESA, two optimizer steps. Each update is checked where it
     happens (the live weights moved; the EMA is the exact lerp towards them), then the EMA
     read after ``fit``. On an H200 with torch 2.11 the EMA read after ``fit`` equalled its
     start: the live student had not moved (its output was opaque to FSDP2: the test above);
     the same run on CPU with torch 2.11 passes since the fix."""
-    from radio_lit.strategies import ModelParallelStrategy
+    from radio_lit.distributed.strategies import ModelParallelStrategy
     from radio_lit.students.ema import MESA, EMAStudent, _reshard
     from tests.builders import cpu_trainer, image_batches, tiny_module
 

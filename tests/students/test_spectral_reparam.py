@@ -10,9 +10,9 @@ from torch import nn
 from torch.func import functional_call
 
 from benchmarks.dispatch import forward_backward_counts
-from radio_lit.optim import parameter_groups
 from radio_lit.students import CPEViT, SpectralLinear, fold_spectral_reparam
 from radio_lit.students.spectral_reparam import request_power_iteration, spectral_step
+from radio_lit.training.optim import parameter_groups
 from tests.builders import tiny_student
 
 

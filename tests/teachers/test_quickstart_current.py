@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import radio_lit
-from radio_lit.cli import RadioLitCLI
+from radio_lit.cli.app import RadioLitCLI
 from radio_lit.teachers import DINOv3Teacher, OpenCLIPTeacher, SAM3Teacher
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart-current.yaml")

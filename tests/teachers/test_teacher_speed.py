@@ -15,11 +15,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.nn import functional as F
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from radio_lit.errors import ConfigError
-from radio_lit.partitions import Partition
+from radio_lit.core.errors import ConfigError
 from radio_lit.teachers import SAM2Teacher
 from radio_lit.teachers import speed as speed_module
 from radio_lit.teachers.speed import SDPACalls, TeacherSpeed, attention_backend
+from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module
 from tests.teachers.conftest import TINY_BUILDERS
 from tests.teachers.tiny import (

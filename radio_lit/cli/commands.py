@@ -14,7 +14,8 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-#: LightningCLI's subcommands that ``radio-lit`` runs through :class:`~radio_lit.cli.RadioLitCLI`.
+#: LightningCLI's subcommands that ``radio-lit`` runs through
+#: :class:`~radio_lit.cli.app.RadioLitCLI`.
 LIGHTNING_COMMANDS: dict[str, str] = {
     "fit": "train a student: --config FILE [--config overlay.yaml] [--section.key value]",
     "validate": "the validation metrics of --ckpt_path on data.init_args.val_dir",

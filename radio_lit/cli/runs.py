@@ -35,8 +35,8 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from radio_lit.callbacks.preemption import checkpoint_dir, checkpoint_step
-from radio_lit.cluster import slurm_job_id
-from radio_lit.errors import ConfigError
+from radio_lit.core.errors import ConfigError
+from radio_lit.distributed.cluster import slurm_job_id
 
 #: Loggers whose folder radio-lit chooses (they take a ``version``).
 _FOLDER_LOGGERS = (TensorBoardLogger, CSVLogger)

@@ -33,7 +33,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy as _LightningMode
 from torch import nn
 from torch.optim import Optimizer
 
-from radio_lit.errors import ConfigError
+from radio_lit.core.errors import ConfigError
 
 
 def load_optimizer_shards(model: nn.Module, optimizer: Optimizer, key: str, path: Path) -> None:
@@ -125,5 +125,5 @@ def check_strategy(trainer: pl.Trainer) -> None:
             "trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy cannot resume "
             "radio-lit's checkpoints (it asks them for the teachers' weights and for optimizer "
             "state of parameters not updated yet, e.g. FreezeBody's trunk); use "
-            "radio_lit.strategies.ModelParallelStrategy (same init_args)"
+            "radio_lit.distributed.strategies.ModelParallelStrategy (same init_args)"
         )

@@ -6,8 +6,8 @@
 
 1. :meth:`~StudentStep.begin`: the step's draws that every rank shares (the student's
    :meth:`~radio_lit.students.Student.begin_step`: whether a CPE ViT runs ViTDet windows),
-   and this rank's own random streams (:mod:`radio_lit.random_streams`);
-2. :meth:`~StudentStep.views`: each chunk's view shifts (:mod:`radio_lit.shifts`);
+   and this rank's own random streams (:mod:`radio_lit.training.random_streams`);
+2. :meth:`~StudentStep.views`: each chunk's view shifts (:mod:`radio_lit.geometry.shifts`);
 3. :meth:`~StudentStep.run` / :meth:`~StudentStep.forward`: the student on its (shifted) crop
    of a chunk's images, with DAMP's weight noise in training forwards
    (:mod:`radio_lit.students.damp`);
@@ -39,21 +39,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from radio_lit.cache.batch import CachedBatch
 from radio_lit.data.views import teacher_view
-from radio_lit.partitions import Chunk
-from radio_lit.random_streams import RankStream, gather_ranks, own_rank
-from radio_lit.shifts import PatchShifts, shifted_view
+from radio_lit.geometry.shifts import PatchShifts, shifted_view
 from radio_lit.students import Student, StudentOutput, TeacherHeads
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
 from radio_lit.teachers import Teacher
+from radio_lit.training.batch import CachedBatch
+from radio_lit.training.partitions import Chunk
+from radio_lit.training.random_streams import RankStream, gather_ranks, own_rank
 
 __all__ = ["DAMP", "MESA", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
 
 Triple = tuple[float, float, float]
 
-#: :class:`~radio_lit.random_streams.RankStream` purposes: the student's training forwards
+#: :class:`~radio_lit.training.random_streams.RankStream` purposes: the student's training forwards
 #: (CPE windows, dropout, DAMP's noise) and the view shifts.
 FORWARD_STREAM, SHIFT_STREAM = 1, 2
 
@@ -118,7 +118,7 @@ class StudentStep:
     ) -> list[Chunk]:
         """The training step's ``chunks`` with their view shifts (drawn per chunk from this
         rank's shift stream, the student first, then each teacher, each within its view's
-        margin; :meth:`~radio_lit.shifts.PatchShifts.chunk_shifts`). Only live teachers are
+        margin; :meth:`~radio_lit.geometry.shifts.PatchShifts.chunk_shifts`). Only live teachers are
         shifted: a :class:`~radio_lit.cache.CachedBatch` ``batch`` holds the outputs of the
         unshifted shared region."""
         if self.shifts is None:
@@ -148,7 +148,7 @@ class StudentStep:
     ) -> StudentOutput:
         """``student`` on its view of ``crop [B, 3, S, S]`` at ``resolution`` (default: the
         student's): with ``shift [B, 2]`` (host; zeros allowed), the crop's shared region
-        moved by that many whole patches (:func:`~radio_lit.shifts.shifted_view`), else the
+        moved by that many whole patches (:func:`~radio_lit.geometry.shifts.shifted_view`), else the
         whole crop; with this rank's forward stream and DAMP's weight noise when
         ``training``."""
         size = resolution or self.resolution
@@ -163,7 +163,7 @@ class StudentStep:
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Every rank's stream states, in rank order (every rank calls it together:
-        :func:`~radio_lit.random_streams.gather_ranks`)."""
+        :func:`~radio_lit.training.random_streams.gather_ranks`)."""
         return gather_ranks({name: s.state_dict() for name, s in self.streams.items()})
 
     def load_state_dict(

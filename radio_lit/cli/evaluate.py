@@ -37,7 +37,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from tqdm.auto import tqdm
 
-from radio_lit.errors import ConfigError, checkpoint_file
+from radio_lit.core.errors import ConfigError, checkpoint_file
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.knn import KNNClassification
 from radio_lit.evaluation.pca import PCAFeatureImages
@@ -141,7 +141,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _run_cli(run_config: str) -> Any:
     """The run's model, trainer and callbacks, rebuilt from its config.yaml (not run)."""
-    from radio_lit.cli import RadioLitCLI
+    from radio_lit.cli.app import RadioLitCLI
 
     path = Path(run_config)
     if not path.is_file():

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from radio_lit.errors import ConfigError
-from radio_lit.shifts import ChunkShifts
+from radio_lit.core.errors import ConfigError
+from radio_lit.geometry.shifts import ChunkShifts
 from radio_lit.students.heads import TeacherHeads
 
 
@@ -87,7 +87,7 @@ class Chunk:
             once whatever the number of ranks it is split over.
         rows: the rows of the rank's batch that ``crop`` holds (what else the batch carries
             for these images, e.g. cached teacher outputs, is sliced alike).
-        shifts: the views' shifts this step (shift-equivariant training, radio_lit.shifts);
+        shifts: the views' shifts this step (shift-equivariant training, radio_lit.geometry.shifts);
             ``None``: unshifted views.
     """
 
@@ -376,7 +376,7 @@ class PartitionPlan:
     def setup(self, trainer: Any, statistics: Iterable[Mapping[str, Any]]) -> None:
         """A run's setup (``trainer``: its ``world_size``, ``global_rank``, ``strategy``): place
         the partitions on its ranks (:meth:`place`), refuse its strategy if it does not fit
-        them (:meth:`check_strategy`), both as a :class:`~radio_lit.errors.ConfigError`, and
+        them (:meth:`check_strategy`), both as a :class:`~radio_lit.core.errors.ConfigError`, and
         give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process group
         of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
         try:

@@ -18,11 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from radio_lit.cache.batch import CachedBatch
-from radio_lit.grid import GridPolicy, loss_grid, resample
-from radio_lit.losses import Balancer
-from radio_lit.partitions import Chunk
-from radio_lit.shifts import (
+from radio_lit.geometry.grid import GridPolicy, loss_grid, resample
+from radio_lit.geometry.shifts import (
     combined_mask,
     cut_view,
     masked_loss,
@@ -30,8 +27,11 @@ from radio_lit.shifts import (
     resample_mask,
     to_crop_frame,
 )
+from radio_lit.losses import Balancer
 from radio_lit.students import StudentOutput, TeacherHeads
 from radio_lit.teachers import Teacher, TeacherOutput
+from radio_lit.training.batch import CachedBatch
+from radio_lit.training.partitions import Chunk
 
 __all__ = [
     "TeacherMatch",
@@ -79,7 +79,8 @@ def run_teachers(
     patch size if it follows the student. The crop is resized once per distinct view size;
     each teacher then only normalizes it. Features stay on each teacher's own grid.
 
-    With a ``margin`` (:mod:`radio_lit.shifts`), a view shows the crop's shared region, and a
+    With a ``margin`` (:mod:`radio_lit.geometry.shifts`), a view shows the crop's shared region,
+    and a
     teacher in ``shifts`` (``[B, 2]`` whole patches of its own, on the host) its own crop of
     the image moved by its shift; its features come back in the region's frame with their
     validity.
@@ -133,7 +134,8 @@ def to_loss_grid(
     grid: tuple[int, int],
 ) -> dict[str, TeacherOutput]:
     """Teacher outputs with features ``[B, H, W, C]`` moved to each teacher's loss grid (grid
-    policy, :mod:`radio_lit.grid`; shrinking antialiased, :func:`radio_lit.grid.resample`)."""
+    policy, :mod:`radio_lit.geometry.grid`; shrinking antialiased,
+    :func:`radio_lit.geometry.grid.resample`)."""
     moved = {}
     for name, out in outputs.items():
         teacher = teachers[name]
@@ -157,7 +159,8 @@ def match_teachers(
     target's grid (the loss grid); its summary head reads the student's summary token
     ``summary_token[k]`` (AM-RADIO 3.2). With ``student_shift`` (``[B, 2]`` tokens, the
     student saw a shifted view), the head's map is first moved back to the crop frame, and
-    the match's ``valid`` is the overlap of both views (report 2.3.1, :mod:`radio_lit.shifts`).
+    the match's ``valid`` is the overlap of both views (report 2.3.1,
+    :mod:`radio_lit.geometry.shifts`).
     """
     matches: dict[str, TeacherMatch] = {}
     for name, out in outputs.items():
@@ -216,7 +219,7 @@ def balanced_loss(
     observe: bool,
 ) -> Tensor:
     """The step's loss: each chunk's loss terms combined by the balancer, weighted by the
-    chunk's share of the update (``Chunk.weight``, :mod:`radio_lit.partitions`).
+    chunk's share of the update (``Chunk.weight``, :mod:`radio_lit.training.partitions`).
 
     With ``observe`` (training), the balancer first sees every chunk's terms once for the
     whole step (:meth:`radio_lit.losses.Balancer.observe`): one reduction per step on every

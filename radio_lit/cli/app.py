@@ -27,13 +27,17 @@ from lightning.pytorch import __version__ as pl_version
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from radio_lit import __version__, class_parsers
+from radio_lit import __version__
 from radio_lit.callbacks.preemption import Preemption
 from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
-from radio_lit.cluster import STOP, check_allocation, stop_building, under_slurm
-from radio_lit.command_list import overview
-from radio_lit.errors import (
+from radio_lit.cli import class_parsers
+from radio_lit.cli.commands import overview
+from radio_lit.cli.hub import HubProbe, unreachable_download
+from radio_lit.cli.overlays import overlay_error
+from radio_lit.cli.results import evaluation_results, results_table
+from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
+from radio_lit.core.errors import (
     BuildInterrupted,
     ConfigError,
     Preempted,
@@ -46,12 +50,9 @@ from radio_lit.errors import (
     short_message,
     with_suggestions,
 )
-from radio_lit.hub import HubProbe, unreachable_download
+from radio_lit.distributed.cluster import STOP, check_allocation, stop_building, under_slurm
+from radio_lit.distributed.strategies import check_strategy
 from radio_lit.module import DistillationModule
-from radio_lit.overlays import overlay_error
-from radio_lit.results import evaluation_results, results_table
-from radio_lit.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
-from radio_lit.strategies import check_strategy
 
 # jsonargparse builds the parser of each class of a config once per command, not ~9 times.
 class_parsers.install()
@@ -87,7 +88,7 @@ class RadioLitCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", _RunParser)
         kwargs.setdefault("seed_everything_default", 0)
-        # Bad arguments raise (radio_lit.cli.main prints them) instead of printing the usage;
+        # Bad arguments raise (radio_lit.cli.app.main prints them) instead of printing the usage;
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         given = kwargs.get("args")
         self.command_line = [str(a) for a in (sys.argv[1:] if given is None else given)]
@@ -109,7 +110,8 @@ class RadioLitCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse; an unknown option or class name gets the closest known one suggested, an
-        overlay config given alone the full config to stack it on (:mod:`radio_lit.overlays`)."""
+        overlay config given alone the full config to stack it on
+        (:mod:`radio_lit.cli.overlays`)."""
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
@@ -198,9 +200,10 @@ class RadioLitCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``. A user error, or a stop signal before training, leaves the run
-        folder as it found it (:class:`~radio_lit.runs.RunFolderState`): no new ``version_N``,
+        folder as it found it (:class:`~radio_lit.cli.runs.RunFolderState`): no new ``version_N``,
         and a run that ``--ckpt_path`` failed to resume keeps its files and ``config.yaml``. A
-        ``fit`` goes on in the folder of the run it resumes (:func:`radio_lit.runs.prepare_fit`),
+        ``fit`` goes on in the folder of the run it resumes
+        (:func:`radio_lit.cli.runs.prepare_fit`),
         without Lightning's warning that its checkpoint folder is not empty."""
         ckpt_path = self.config_init[subcommand].get("ckpt_path")
         if subcommand == "fit":
@@ -245,7 +248,7 @@ class RadioLitCLI(LightningCLI):
         self._require_val_dir("test")
 
     def after_fit(self) -> None:
-        """Print the last validation and evaluation results (:mod:`radio_lit.results`) and
+        """Print the last validation and evaluation results (:mod:`radio_lit.cli.results`) and
         say where the run and its last checkpoint are."""
         trainer = self.trainer
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank takes part
@@ -325,14 +328,14 @@ def _without_slurm_requeue(plugins: Any) -> list[Any]:
 
 #: ``radio-lit <name> …`` commands beside LightningCLI's fit / validate / test: name ->
 #: ``"module:function"``; the function takes the arguments after the name. ``predict`` is
-#: radio-lit's own (:mod:`radio_lit.predict`: an export or checkpoint, no teachers), not
+#: radio-lit's own (:mod:`radio_lit.cli.predict`: an export or checkpoint, no teachers), not
 #: LightningCLI's (``RadioLitCLI(args=["predict", …])`` still runs ``Trainer.predict``).
 SUBCOMMANDS: dict[str, str] = {
     "ablate": "radio_lit.ablation.runner:main",
-    "evaluate": "radio_lit.evaluation.command:evaluate",
-    "cache": "radio_lit.cache.writer:main",
-    "export": "radio_lit.export.cli:main",
-    "predict": "radio_lit.predict:main",
+    "evaluate": "radio_lit.cli.evaluate:evaluate",
+    "cache": "radio_lit.cli.cache:main",
+    "export": "radio_lit.cli.export:main",
+    "predict": "radio_lit.cli.predict:main",
 }
 
 
@@ -345,10 +348,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     User errors (bad arguments or config values, missing files, unknown model names) print
     one message and exit with status 2; a run stopped by a training fault exits with 1;
-    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.errors). ``radio-lit --help``
-    lists every command (:mod:`radio_lit.command_list`); a bare ``radio-lit`` lists them
+    ``RADIO_LIT_TRACEBACK=1`` adds the traceback (radio_lit.core.errors). ``radio-lit --help``
+    lists every command (:mod:`radio_lit.cli.commands`); a bare ``radio-lit`` lists them
     and exits with status 2; ``radio-lit --version`` prints the version. ``fit`` takes the
-    stop signals first (:data:`radio_lit.cluster.STOP`): one while the run is built stops it
+    stop signals first (:data:`radio_lit.distributed.cluster.STOP`): one while the run is built
+    stops it
     in one line with 128 + the signal (and requeues a SLURM job); once training is set up,
     :class:`~radio_lit.callbacks.Preemption` saves at the next step boundary.
     """

@@ -62,8 +62,10 @@ class Preempted(RadioLitError):
 class BuildInterrupted(BaseException):
     """A stop signal (Ctrl-C, ``SIGTERM``, SLURM's ``USR1``) that arrived while ``radio-lit
     fit`` was still building its run, raised from the signal handler
-    (:class:`radio_lit.cluster.StopSignals`) so that a build of minutes stops at once: nothing
-    was trained, nothing needs saving (:func:`radio_lit.cluster.stop_building` requeues a
+    (:class:`radio_lit.distributed.cluster.StopSignals`) so that a build of minutes stops at once:
+    nothing
+    was trained, nothing needs saving (:func:`radio_lit.distributed.cluster.stop_building` requeues
+    a
     SLURM job). A ``BaseException``, as ``KeyboardInterrupt`` is, so that code that turns a
     constructor's ``Exception`` into a :class:`ConfigError` lets it through. The exit code is
     the shell's for the signal, 128 + its number."""

@@ -19,7 +19,7 @@ regions differ by under half a pixel of that view.
 token ``a + k`` (on that model's own grid). The student-to-teacher mapping ``F_{S→T}`` goes
 through the region's frame: each map is moved back by its own integer shift on its own grid (an
 exact re-indexing, :func:`to_crop_frame`, with a validity mask), and the student's map is then
-resampled to the teacher's loss grid by :func:`radio_lit.grid.resample` (bilinear,
+resampled to the teacher's loss grid by :func:`radio_lit.geometry.grid.resample` (bilinear,
 ``align_corners=False``: token *centres* onto token centres, the same resampling as without
 shifts). This evaluates the student's adaptor output at the teacher's token centres; it is not
 a grid built from crop edges with ``align_corners=True``, which is off by ``k/N`` tokens for a
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from radio_lit.data.views import resize_view
-from radio_lit.grid import resample
+from radio_lit.geometry.grid import resample
 
 __all__ = [
     "ChunkShifts",
@@ -156,7 +156,7 @@ class PatchShifts:
             to keep its pixels 1:1.
 
     Draws come from torch's global CPU generator; the training step makes it this rank's own
-    stream (:class:`~radio_lit.student_step.StudentStep`, in checkpoints).
+    stream (:class:`~radio_lit.training.student_step.StudentStep`, in checkpoints).
     """
 
     def __init__(
@@ -272,7 +272,8 @@ def to_crop_frame(features: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def resample_mask(valid: Tensor, size: Sequence[int]) -> Tensor:
-    """A validity mask ``[n, h, w]`` on the grid ``size`` as :func:`radio_lit.grid.resample`
+    """A validity mask ``[n, h, w]`` on the grid ``size`` as
+    :func:`radio_lit.geometry.grid.resample`
     moves a map: a cell is valid only if every cell it reads from is valid."""
     if tuple(valid.shape[1:3]) == tuple(size):
         return valid

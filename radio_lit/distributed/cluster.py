@@ -6,7 +6,7 @@ Lightning picks its cluster environment from the same variables
 radio-lit needs beside it: the allocation's process count, checked against the config before
 any teacher is built (:func:`check_allocation`), the job's id, requeueing it (:func:`requeue`),
 and the process's stop signals (:data:`STOP`): from the start of ``radio-lit fit`` a signal
-stops the build at once (:class:`~radio_lit.errors.BuildInterrupted`, :func:`stop_building`);
+stops the build at once (:class:`~radio_lit.core.errors.BuildInterrupted`, :func:`stop_building`);
 once training is set up, :class:`~radio_lit.callbacks.Preemption` acts on it at a step boundary.
 
 This module imports nothing heavy (no torch, no Lightning at import), so that ``radio-lit``
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from radio_lit.errors import BuildInterrupted, ConfigError
+from radio_lit.core.errors import BuildInterrupted, ConfigError
 
 #: The signals that stop a run: SLURM's warning, the scheduler's (or ``kill``'s) end, Ctrl-C.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
@@ -144,7 +144,7 @@ class StopSignals:
     """Where this process's stop signals (:data:`STOP_SIGNALS`) go; one per process: :data:`STOP`.
 
     While ``raising`` (``radio-lit fit`` building its run: imports, teachers, student, data,
-    trainer), the first signal raises :class:`~radio_lit.errors.BuildInterrupted` from the
+    trainer), the first signal raises :class:`~radio_lit.core.errors.BuildInterrupted` from the
     handler, as Ctrl-C raises ``KeyboardInterrupt``, so that a build of minutes (a 7B
     teacher) stops at once: nothing was trained, nothing needs saving. Otherwise the handler
     only records the signal (:attr:`received`), and :class:`~radio_lit.callbacks.Preemption`
@@ -211,7 +211,8 @@ def launch_rank() -> int:
 
 
 def stop_building(signum: int) -> int:
-    """After a stop signal ended the build of a run (:class:`~radio_lit.errors.BuildInterrupted`):
+    """After a stop signal ended the build of a run
+    (:class:`~radio_lit.core.errors.BuildInterrupted`):
     under SLURM requeue the job (every rank that received the signal asks; nothing to save:
     the requeued job starts from its run folder's newest checkpoint, if any); rank 0 says so
     in one line. Returns the exit status, 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).

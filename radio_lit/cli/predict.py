@@ -45,10 +45,10 @@ from torch import Tensor
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
+from radio_lit.core.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.data.image_folder import list_images, resolve_image_root
 from radio_lit.data.shards import decode_image, existing_shard_urls
 from radio_lit.data.transforms import UnreadableImageError, load_rgb
-from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.files import model_file, refuse_overwrite, save_umask_file
 
 logger = logging.getLogger(__name__)

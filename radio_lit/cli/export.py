@@ -9,7 +9,7 @@ adaptor_names=[...])``) and ``<stem>.safetensors`` with ``<stem>.json`` (``radio
 with every teacher's normalizer folded into its feature head (PHI-S A.6); ``--format onnx``
 writes ``<stem>.onnx`` and ``<stem>.onnx.data`` (:mod:`radio_lit.export.onnx`); ``--format
 hf`` writes the folder ``--output``: a Hugging Face model with its card
-(:mod:`radio_lit.export.hf`), ``--heads`` choosing the adaptor heads it keeps and ``--name``
+(:mod:`radio_lit.hf.folder`), ``--heads`` choosing the adaptor heads it keeps and ``--name``
 its name; ``--format timm`` writes the folder ``--output`` that timm's C-RADIO classes and
 transformers' native ``RadioModel`` load, and prints the calls
 (:mod:`radio_lit.export.timm_radio`). The default stem is ``<run>/export/<checkpoint name>``
@@ -26,13 +26,13 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from radio_lit.errors import CommandParser, ConfigError, checkpoint_file
+from radio_lit.core.errors import CommandParser, ConfigError, checkpoint_file
 from radio_lit.export.files import refuse_overwrite, save_radio, save_safetensors
-from radio_lit.export.hf import export_hf
 from radio_lit.export.onnx import external_data, save_onnx
 from radio_lit.export.progress import stages
 from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm
+from radio_lit.hf.folder import export_hf
 
 #: The files each ``--format`` writes, as suffixes of the output stem (``hf``: the folder).
 FORMAT_SUFFIXES = {
