@@ -345,18 +345,19 @@ def uninstrument() -> None:
 def instrument(cli: Any, clock: PhaseClock) -> None:
     """Label the step's phases (benchmark-only patches of the built objects and names;
     :func:`uninstrument` undoes those of names)."""
-    import radio_lit.module as module_code
-    import radio_lit.training.step as step_code
+    import radio_lit.training.losses as losses_code
+    import radio_lit.training.matching as matching_code
     import radio_lit.training.student_step as student_step_code
+    import radio_lit.training.teachers as teachers_code
 
     module = cli.model
-    _patch(step_code, "outer_view", clock, "views")
+    _patch(teachers_code, "outer_view", clock, "views")
     _patch(student_step_code, "teacher_view", clock, "views")
     instrument_student_step(module, clock)
-    _patch(step_code, "to_loss_grid", clock, "grid matching")
-    _patch(step_code, "match_teachers", clock, "grid matching")
-    _patch(step_code, "balanced_loss", clock, "losses")
-    _patch(module_code, "idle_heads_term", clock, "losses")
+    _patch(teachers_code, "to_loss_grid", clock, "grid matching")
+    _patch(matching_code, "match_teachers", clock, "grid matching")
+    _patch(losses_code, "balanced_loss", clock, "losses")
+    _patch(losses_code, "idle_heads_term", clock, "losses")
     module.normalized_targets = clock.wrap("normalizers", module.normalized_targets)
     module.distillation_losses = clock.wrap("losses", module.distillation_losses)
     for name, teacher in module.teachers.items():
@@ -380,17 +381,19 @@ def instrument_student_step(module: Any, clock: PhaseClock) -> None:
     (MESA's) and its update after each optimizer step, and the MESA term ("losses")."""
     import radio_lit.geometry.shifts as shifts_code
     import radio_lit.students.ema as ema_code
-    import radio_lit.training.step as step_code
-    import radio_lit.training.student_step as student_step_code
+    import radio_lit.training.losses as losses_code
+    import radio_lit.training.matching as matching_code
+    import radio_lit.training.teachers as teachers_code
+    import radio_lit.training.views as views_code
 
     _patch(shifts_code, "outer_view", clock, "views")
-    for code in (shifts_code, step_code):
+    for code in (shifts_code, teachers_code):
         _patch(code, "cut_view", clock, "shifts")
-    for code in (step_code, ema_code):
+    for code in (teachers_code, matching_code, ema_code):
         _patch(code, "to_crop_frame", clock, "shifts")
-    _patch(student_step_code, "mesa_loss", clock, "losses")
+    _patch(losses_code, "mesa_loss", clock, "losses")
+    _patch(views_code, "shifted_chunks", clock, "shifts")
     step = module.student_step
-    step.views = clock.wrap("shifts", step.views)
     if step.damp is not None:
         step.damp.apply = clock.wrap("DAMP", step.damp.apply)
     if module.ema is not None:

@@ -25,7 +25,6 @@ MOVED: dict[str, str] = {
     "radio_lit.cluster": "radio_lit.distributed.cluster",
     "radio_lit.grid": "radio_lit.geometry.grid",
     "radio_lit.shifts": "radio_lit.geometry.shifts",
-    "radio_lit.step": "radio_lit.training.step",
     "radio_lit.student_step": "radio_lit.training.student_step",
     "radio_lit.per_teacher": "radio_lit.training.per_teacher",
     "radio_lit.optim": "radio_lit.training.optim",

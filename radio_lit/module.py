@@ -10,7 +10,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-import radio_lit.training.step as step
 from radio_lit.core.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.export import module_inference_model
@@ -29,22 +28,25 @@ from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_module
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
 from radio_lit.teachers.speed import SpeedReport
-from radio_lit.training.batch import CachedBatch, student_pixels
+from radio_lit.training import losses, matching, normalization
+from radio_lit.training import teachers as teacher_step
+from radio_lit.training.batch import CachedBatch
 from radio_lit.training.optim import adamw, optimizer_and_schedule, parameter_groups
-from radio_lit.training.partitions import Chunk, Partition, PartitionPlan, idle_heads_term
+from radio_lit.training.partitions import Chunk, Partition, PartitionPlan
 from radio_lit.training.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
 from radio_lit.training.student_step import DAMP, MESA, PatchShifts, StudentStep, student_shift
+from radio_lit.training.views import step_views
 
 NormalizerFactory = Callable[[int], Normalizer]
 Size = tuple[int, int] | None  # a student resolution (H, W); None: model.student_resolution
 Shift = Tensor | None  # ``[B, 2]`` whole-patch shifts of a view (radio_lit.geometry.shifts)
 Outputs = Mapping[str, TeacherOutput]
-Matches = Mapping[str, step.TeacherMatch]
+Matches = Mapping[str, matching.TeacherMatch]
 
 #: Modules and factories: in the CLI's config.yaml, not in checkpoints (weights_only loads).
-_NOT_HYPERPARAMETERS = ("student", "teachers", "normalizer", "normalizer_overrides", "loss")
-_NOT_HYPERPARAMETERS += ("summary_loss", "balancer", "optimizer", "partitions", "shifts")
-_NOT_HYPERPARAMETERS += ("damp", "mesa", "fsdp2")
+_NOT_HYPERPARAMETERS = ["student", "teachers", "normalizer", "normalizer_overrides", "loss"]
+_NOT_HYPERPARAMETERS += ["summary_loss", "balancer", "optimizer", "partitions", "shifts"]
+_NOT_HYPERPARAMETERS += ["damp", "mesa", "fsdp2"]
 
 
 class DistillationModule(pl.LightningModule):
@@ -107,7 +109,7 @@ class DistillationModule(pl.LightningModule):
         super().__init__()
         if not teachers:
             raise ValueError("at least one teacher is required under model.teachers")
-        self.save_hyperparameters(ignore=list(_NOT_HYPERPARAMETERS))
+        self.save_hyperparameters(ignore=_NOT_HYPERPARAMETERS)
         self.student = student
         self.teachers = nn.ModuleDict(teachers)
         self.student_resolution = student_input_size(student_resolution, student.patch_size)
@@ -199,21 +201,17 @@ class DistillationModule(pl.LightningModule):
     ) -> dict[str, TeacherOutput]:
         """Frozen teachers (default: all) on their own views of the crop ``[B, 3, S, S]``."""
         names, grid = teachers or tuple(self.teachers), self.partitions.grid(student_resolution)
-        return step.run_teachers(self.teachers, crop, names, grid)
+        return teacher_step.run_teachers(self.teachers, crop, names, grid)
 
     def chunk_teachers(self, batch: Tensor | CachedBatch, chunk: Chunk) -> dict[str, TeacherOutput]:
         """A chunk's teacher outputs (live, or a radio_lit.cache batch's) on the loss grid."""
-        grid = self.partitions.grid(chunk.resolution)
-        outputs = step.teacher_outputs(self.teachers, batch, chunk, grid)
-        return step.to_loss_grid(outputs, self.teachers, self.grid_policies, grid)
+        plan, policies = self.partitions, self.grid_policies
+        return teacher_step.chunk_outputs(self.teachers, batch, chunk, plan, policies)
 
     def normalized_targets(self, outputs: Sequence[Outputs]) -> list[dict[str, Tensor]]:
         """Targets ``[{name: [B, H, W, C]}]`` per chunk, after estimation steps' statistics."""
-        if self.estimate_statistics:
-            normalizers, dispersions = self.normalizers, self.dispersions
-            refit, sources = self.refit_statistics, self.partitions.sources
-            teacher_stats.accumulate_outputs(normalizers, dispersions, outputs, refit, sources)
-        return [{n: self.normalizers[n](o.features.float()) for n, o in c.items()} for c in outputs]
+        when = self.estimate_statistics, self.refit_statistics, self.partitions.sources
+        return normalization.normalized_targets(self.normalizers, self.dispersions, outputs, *when)
 
     def match(
         self,
@@ -222,10 +220,12 @@ class DistillationModule(pl.LightningModule):
         targets: Mapping[str, Tensor],
         student_resolution: Size = None,
         shift: Shift = None,
-    ) -> dict[str, step.TeacherMatch]:
+    ) -> dict[str, matching.TeacherMatch]:
         """The student on its view of ``crop``: its prediction of every teacher by the target."""
         student = self.run_student(crop, student_resolution, shift)
-        return step.match_teachers(student, self.heads, outputs, targets, self.summary_token, shift)
+        return matching.match_teachers(
+            student, self.heads, outputs, self.summary_token, shift, targets
+        )
 
     def run_student(self, crop: Tensor, size: Size = None, shift: Shift = None) -> StudentOutput:
         """The student on its (shifted) view of ``crop`` (DAMP in training; student_step)."""
@@ -239,35 +239,33 @@ class DistillationModule(pl.LightningModule):
     def distillation_losses(self, matches: Matches, per_sample: bool = False) -> dict[str, Tensor]:
         """Per-teacher loss terms ``"<teacher>/feature_loss"`` etc. (scalars, or ``[B]``)."""
         dispersions = {name: d.value() for name, d in self.dispersions.items()}
-        losses = self.feature_loss, self.summary_loss
-        return step.distillation_losses(matches, *losses, per_sample, dispersions)
+        losses_ = self.feature_loss, self.summary_loss
+        return losses.distillation_losses(matches, *losses_, per_sample, dispersions)
 
     def _shared_step(self, batch: Tensor | CachedBatch, stage: str) -> Tensor:
-        train = stage == "train"
-        crop = as_float_images(student_pixels(batch))  # data
-        chunks = self.partitions.chunks(crop, train=train)  # views: partitions, resolutions
-        if train:  # shift-equivariant views (of live teachers only)
-            chunks = self.student_step.views(chunks, self.teachers, batch)
+        """One step, each stage in the file named for it (DESIGN.md, "One training step")."""
+        train, heads, tokens = stage == "train", self.heads, self.summary_token
+        chunks = step_views(batch, self.partitions, self.student_step, self.teachers, train)
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
-        targets = self.normalized_targets(outputs)  # normalizers
         students = self.student_step.forward(self.student, chunks, self.training)  # student
-        matches = [  # heads
-            step.match_teachers(s, self.heads, out, target, self.summary_token, student_shift(c))
-            for c, s, out, target in zip(chunks, students, outputs, targets, strict=True)
+        averages = self.student_step.average(self.ema, chunks) if train else None  # EMA (MESA)
+        matches = [  # matching: each head's prediction by its teacher's target
+            matching.match_teachers(s, heads, out, tokens, student_shift(c))
+            for c, s, out in zip(chunks, students, outputs, strict=True)
         ]
-        terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # loss
-        loss = step.balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
-        extra: dict[str, Tensor] = {}
-        if train:  # the EMA student's MESA term; every head in every rank's backward (DDP)
-            loss, extra = self.student_step.add_mesa(loss, chunks, students, self.heads, self.ema)
-            idle = self.partitions.idle_teachers()
-            loss = loss + idle_heads_term(self.heads, idle, self.student.embed_dim).to(loss)
+        matches = normalization.normalize_matches(matches, self.normalized_targets(outputs))
+        terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # losses
+        loss = losses.balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
+        ema = self.student_step.mesa, averages, self.ema  # the EMA student's MESA term
+        loss, extra = losses.with_mesa(loss, chunks, students, heads, *ema)
+        if train:  # every head in every rank's backward (DDP)
+            idle = losses.idle_heads_term(heads, self.partitions, self.student.embed_dim)
+            loss = loss + idle.to(loss)
         for chunk_matches in [] if train else matches:  # metrics
             self.metrics[stage].update(chunk_matches, self.normalizers)
-        if not train or logs_this_step(self._trainer):
-            weights = self.balancer.effective_weights() if train else None
-            logs = step_logs(stage, loss, chunks, terms, weights, extra)
-            size, value = crop.shape[0], logs.pop(f"{stage}/loss")
+        if not train or logs_this_step(self._trainer):  # logging
+            logs = step_logs(stage, loss, chunks, terms, self.balancer if train else None, extra)
+            size, value = len(batch), logs.pop(f"{stage}/loss")
             self.log(f"{stage}/loss", value, prog_bar=True, batch_size=size, sync_dist=not train)
             self.log_dict(logs, batch_size=size, sync_dist=not train)
         return loss

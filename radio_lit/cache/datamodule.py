@@ -3,7 +3,7 @@
 ``data: radio_lit.cache.CachedViews`` (``path:`` the folder ``radio-lit cache`` wrote) yields
 :class:`~radio_lit.cache.CachedBatch` batches: the uint8 crops the student sees and every
 teacher's recorded outputs, which the step uses instead of running the teachers
-(:func:`radio_lit.training.step.teacher_outputs`). The order is the live run's (the same
+(:func:`radio_lit.training.teachers.teacher_outputs`). The order is the live run's (the same
 :class:`~radio_lit.data.resumable.SeededSampler` over the same items, same seed), and epoch
 ``e`` replays view ``e mod views`` of each item: the view a live run draws in epoch ``e``
 for ``e < views``. The teacher outputs read are those computed in this run's grouping (its

@@ -6,8 +6,9 @@ the writer draws the crop exactly as training draws item ``i`` in epoch ``v`` (t
 transform under the seed ``(seed, v, i)``, :mod:`radio_lit.data.resumable`), and runs every
 teacher on it at every view size the run can show it (its native resolution, or one per
 student resolution of its partitions if it follows the student), with the step's own code
-(:func:`~radio_lit.training.step.run_teachers`), on the very rows the live step gives the teacher in
-epoch ``v`` at each rank count of ``--ranks`` (same images, same rows, same mosaic canvases:
+(:func:`~radio_lit.training.teachers.run_teachers`), on the very rows the live step gives the
+teacher in epoch ``v`` at each rank count of ``--ranks`` (same images, same rows, same mosaic
+canvases:
 :mod:`radio_lit.cache.grouping`; the rows no partition of a teacher takes are then run through
 it together). Stored per view: the crop (uint8, what the student's view is made from) and each
 teacher's summary and features on its own grid, before normalization, in ``--dtype``, once
@@ -61,7 +62,7 @@ from radio_lit.cache.shards import TAR_OPTIONS, sample_key, shard_is_complete, w
 from radio_lit.data.resumable import sample_seed, seeded
 from radio_lit.data.views import as_float_images
 from radio_lit.training.batch import output_key
-from radio_lit.training.step import run_teachers
+from radio_lit.training.teachers import run_teachers
 
 __all__ = ["write_cache"]
 

@@ -1,6 +1,6 @@
 """Validation and test metrics of a distillation run, per teacher and overall.
 
-From the :class:`~radio_lit.training.step.TeacherMatch` es a step already makes (prediction and
+From the :class:`~radio_lit.training.matching.TeacherMatch` es a step already makes (prediction and
 target in the normalizer's space, on the loss grid), each teacher's prediction and target
 are mapped back to the teacher's own space with ``normalizer.inverse`` (exactly affine,
 ``y @ theta.T + mu``, applied in float64), as PHI-S section 4 measures every method. Keys:
@@ -30,7 +30,7 @@ from radio_lit.normalizers import Normalizer
 
 if TYPE_CHECKING:
     from radio_lit.teachers import Teacher
-    from radio_lit.training.step import TeacherMatch
+    from radio_lit.training.matching import TeacherMatch
 
 _CHUNK_ROWS = 1 << 14  # feature rows mapped to the teacher space (float64) at a time
 

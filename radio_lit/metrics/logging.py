@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from radio_lit.losses import Balancer
 from radio_lit.metrics.distillation import DistillationMetrics
 from radio_lit.training.partitions import Chunk
 
@@ -38,14 +39,14 @@ def step_logs(
     loss: Tensor,
     chunks: Sequence[Chunk],
     terms: Sequence[Mapping[str, Tensor]],
-    weights: Mapping[str, Tensor] | None,
+    balancer: Balancer | None,
     extra: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """A step's logged values: ``<stage>/loss``, ``<stage>/<teacher>/<term>`` for every loss
     term of every chunk (mean over images; prefixed by the partition's name,
     ``<stage>/<partition>/<teacher>/<term>``, when the step has several chunks: a teacher may
-    be in more than one) and, in training, each term's effective balancer weight
-    ``train/balancer/<teacher>/<term>``, and the step's ``extra`` values (full tags, e.g.
+    be in more than one) and, with the training step's ``balancer``, each term's effective
+    weight ``train/balancer/<teacher>/<term>``, and the step's ``extra`` values (full tags, e.g.
     ``train/mesa_loss``).
 
     Training values are logged per step and never reduced across ranks, so they come to the
@@ -57,7 +58,8 @@ def step_logs(
     for chunk, chunk_terms in zip(chunks, terms, strict=True):
         prefix = f"{stage}/" if len(chunks) == 1 else f"{stage}/{chunk.partition}/"
         logged.update({prefix + k: v.detach().mean() for k, v in chunk_terms.items()})
-    logged.update({f"{stage}/balancer/{k}": w for k, w in (weights or {}).items()})
+    weights = balancer.effective_weights() if balancer is not None else {}
+    logged.update({f"{stage}/balancer/{k}": w for k, w in weights.items()})
     logged.update({k: v.detach() for k, v in (extra or {}).items()})
     return on_host(logged) if stage == "train" else logged
 

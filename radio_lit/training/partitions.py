@@ -42,7 +42,6 @@ from torch import Tensor
 
 from radio_lit.core.errors import ConfigError
 from radio_lit.geometry.shifts import ChunkShifts
-from radio_lit.students.heads import TeacherHeads
 
 
 @dataclass
@@ -400,17 +399,3 @@ class PartitionPlan:
         """Teachers that no partition of this rank runs in training."""
         rank = self.placement.rank
         return [t for t, rs in self.placement.teacher_ranks.items() if rank not in rs]
-
-
-def idle_heads_term(heads: Mapping[str, TeacherHeads], idle: Sequence[str], width: int) -> Tensor:
-    """``0 x`` the heads of the teachers ``idle`` (those this rank does not run in training,
-    :meth:`PartitionPlan.idle_teachers`) on a zero probe ``[1, width]``, so every rank's
-    backward reaches every head and DDP finds no unused parameter (their gradient here is
-    zero; DDP's average then gives the update of the module docstring)."""
-    zero = torch.zeros(())
-    for name in idle:
-        for head in (heads[name].features, heads[name].summary):
-            if head is not None:
-                probe = torch.zeros(1, width, device=head.out.weight.device)
-                zero = zero.to(probe.device) + 0.0 * head(probe).sum()
-    return zero

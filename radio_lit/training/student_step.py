@@ -7,12 +7,13 @@
 1. :meth:`~StudentStep.begin`: the step's draws that every rank shares (the student's
    :meth:`~radio_lit.students.Student.begin_step`: whether a CPE ViT runs ViTDet windows),
    and this rank's own random streams (:mod:`radio_lit.training.random_streams`);
-2. :meth:`~StudentStep.views`: each chunk's view shifts (:mod:`radio_lit.geometry.shifts`);
+2. each chunk's view shifts (:mod:`radio_lit.geometry.shifts`), drawn from this object's shift
+   stream by :func:`radio_lit.training.views.shifted_chunks`;
 3. :meth:`~StudentStep.run` / :meth:`~StudentStep.forward`: the student on its (shifted) crop
    of a chunk's images, with DAMP's weight noise in training forwards
    (:mod:`radio_lit.students.damp`);
-4. :meth:`~StudentStep.add_mesa`: the MESA term, the EMA student on its own shifted crop
-   (:mod:`radio_lit.students.ema`);
+4. :meth:`~StudentStep.average`: the EMA student on its own shifted crop, for the MESA term
+   (:mod:`radio_lit.students.ema`, :func:`radio_lit.training.losses.mesa_term`);
 5. :meth:`~StudentStep.follow`: the EMA student follows each optimizer update.
 
 **Per-rank draws.** The draws of 2-4 differ per rank and per image: each rank draws its shifts
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,15 +42,13 @@ from torch import Tensor, nn
 
 from radio_lit.data.views import teacher_view
 from radio_lit.geometry.shifts import PatchShifts, shifted_view
-from radio_lit.students import Student, StudentOutput, TeacherHeads
+from radio_lit.students import Student, StudentOutput
 from radio_lit.students.damp import DAMP, weight_noise
-from radio_lit.students.ema import MESA, EMAStudent, mesa_loss
-from radio_lit.teachers import Teacher
-from radio_lit.training.batch import CachedBatch
+from radio_lit.students.ema import MESA, EMAStudent
 from radio_lit.training.partitions import Chunk
 from radio_lit.training.random_streams import RankStream, gather_ranks, own_rank
 
-__all__ = ["DAMP", "MESA", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
+__all__ = ["DAMP", "MESA", "EMAView", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
 
 Triple = tuple[float, float, float]
 
@@ -69,6 +68,15 @@ def student_shift(chunk: Chunk) -> Tensor | None:
     """The student's view shift of ``chunk`` (``[n, 2]`` tokens, host), or ``None``
     (the whole crop, unshifted: no ``model.shifts``, or evaluation)."""
     return chunk.shifts.student if chunk.shifts is not None else None
+
+
+@dataclasses.dataclass
+class EMAView:
+    """The EMA student's output on its own view of a chunk, and that view's shift (``[B, 2]``
+    tokens on the host, or ``None``: unshifted)."""
+
+    output: StudentOutput
+    shift: Tensor | None
 
 
 class StudentStep:
@@ -112,31 +120,6 @@ class StudentStep:
         student.begin_step(run_seed(), step)
         for stream in self.streams.values():
             stream.start(run_seed(), rank)
-
-    def views(
-        self, chunks: Sequence[Chunk], teachers: Mapping[str, Teacher], batch: Any
-    ) -> list[Chunk]:
-        """The training step's ``chunks`` with their view shifts (drawn per chunk from this
-        rank's shift stream, the student first, then each teacher, each within its view's
-        margin; :meth:`~radio_lit.geometry.shifts.PatchShifts.chunk_shifts`). Only live teachers are
-        shifted: a :class:`~radio_lit.cache.CachedBatch` ``batch`` holds the outputs of the
-        unshifted shared region."""
-        if self.shifts is None:
-            return list(chunks)
-        live = not isinstance(batch, CachedBatch)
-        shifted = []
-        for chunk in chunks:
-            grid = (chunk.resolution[0] // self.patch, chunk.resolution[1] // self.patch)
-            views = {
-                name: (teachers[name].view_size(grid), teachers[name].patch_size)
-                for name in (chunk.teachers if live else ())
-            }
-            with self.streams["shifts"].active(torch.device("cpu")):
-                drawn = self.shifts.chunk_shifts(
-                    chunk.crop.shape[0], (chunk.resolution, self.patch), views
-                )
-            shifted.append(dataclasses.replace(chunk, shifts=drawn))
-        return shifted
 
     def run(
         self,
@@ -194,56 +177,30 @@ class StudentStep:
         its student shift, with DAMP's noise when ``training``), one output per chunk."""
         return [self.run(student, c.crop, c.resolution, student_shift(c), training) for c in chunks]
 
-    def add_mesa(
-        self,
-        loss: Tensor,
-        chunks: Sequence[Chunk],
-        online: Sequence[StudentOutput],
-        heads: Mapping[str, TeacherHeads],
-        ema: EMAStudent | None,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``loss`` plus the weighted MESA term of a training step (report 2.3.2), and its log
-        ``{"train/mesa_loss": sum_c w_c L_mesa(c)}`` (chunk weights ``w_c`` as the balanced
-        loss's); ``(loss, {})`` without the EMA or with weight 0.
+    def average(self, ema: EMAStudent | None, chunks: Sequence[Chunk]) -> list[EMAView] | None:
+        """The EMA student on each chunk's view, without gradient, for the MESA term (report
+        2.3.2; :func:`radio_lit.training.losses.mesa_term`); ``None`` without the EMA or with
+        MESA's weight 0.
 
         Each chunk's EMA student sees its own view: its own shift, drawn like the student's
-        (unshifted without ``model.shifts`` or with the student's view unshifted)."""
+        from this rank's shift stream (unshifted without ``model.shifts`` or with the
+        student's view unshifted)."""
         if self.mesa is None or ema is None or not self.mesa.weight > 0:
-            return loss, {}
-        term = sum(
-            chunk.weight * self._mesa_term(chunk, out, heads, ema)
-            for chunk, out in zip(chunks, online, strict=True)
-        )
-        return loss + self.mesa.weight * term, {"train/mesa_loss": term}
-
-    def _mesa_term(
-        self,
-        chunk: Chunk,
-        online: StudentOutput,
-        heads: Mapping[str, TeacherHeads],
-        ema: EMAStudent,
-    ) -> Tensor:
-        """One chunk's MESA term: :func:`~radio_lit.students.ema.mesa_loss` of the maps
-        ``applies_to`` names."""
-        assert self.mesa is not None
-        ema_shift = None
-        if self.shifts is not None:  # its own crop of the shared region (zeros: unshifted)
-            ema_shift = torch.zeros(chunk.crop.shape[0], 2, dtype=torch.long)
-            if self.shifts.student:
-                with self.streams["shifts"].active(torch.device("cpu")):
-                    draws = self.shifts.draw(chunk.crop.shape[0])
-                ema_shift = self.shifts.within_margin(draws, (chunk.resolution, self.patch), "EMA")
-        with torch.no_grad():
-            average = self.run(ema.student, chunk.crop, chunk.resolution, ema_shift)
-        maps, ema_maps = {}, {}
-        if self.mesa.applies_to in ("backbone", "both"):
-            maps["backbone"], ema_maps["backbone"] = online.features, average.features
-        if self.mesa.applies_to in ("heads", "both"):
-            for name in chunk.teachers:
-                maps[name] = heads[name].features(online.features)
-                with torch.no_grad():
-                    ema_maps[name] = ema.heads[name].features(average.features)
-        return mesa_loss(maps, ema_maps, student_shift(chunk), ema_shift)
+            return None
+        views = []
+        for chunk in chunks:
+            shift = None
+            if self.shifts is not None:  # its own crop of the shared region (zeros: unshifted)
+                shift = torch.zeros(chunk.crop.shape[0], 2, dtype=torch.long)
+                if self.shifts.student:
+                    with self.streams["shifts"].active(torch.device("cpu")):
+                        draws = self.shifts.draw(chunk.crop.shape[0])
+                    size = (chunk.resolution, self.patch)
+                    shift = self.shifts.within_margin(draws, size, "EMA")
+            with torch.no_grad():
+                output = self.run(ema.student, chunk.crop, chunk.resolution, shift)
+            views.append(EMAView(output, shift))
+        return views
 
     @staticmethod
     def follow(ema: EMAStudent | None, student: nn.Module, heads: nn.Module) -> None:

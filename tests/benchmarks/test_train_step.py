@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import radio_lit.training.step
+import radio_lit.training.matching
 from benchmarks import train_step
 
 
 @pytest.mark.slow
 def test_the_plain_loop_comparison_runs_on_the_quickstart(monkeypatch, capsys):
-    match_teachers = radio_lit.training.step.match_teachers
+    match_teachers = radio_lit.training.matching.match_teachers
     for name in ("lightning.pytorch", "lightning.fabric"):
         monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
     with warnings.catch_warnings():  # the script ignores warnings: not for later tests
@@ -38,7 +38,7 @@ def test_the_plain_loop_comparison_runs_on_the_quickstart(monkeypatch, capsys):
         assert abs(lit - plain) <= 0.1 * plain, (phase, lit, plain)
     assert lines[-1].startswith("ratio (radio-lit / plain PyTorch): ")
     float(lines[-1].rsplit(": ", 1)[1])
-    assert radio_lit.training.step.match_teachers is match_teachers, (
+    assert radio_lit.training.matching.match_teachers is match_teachers, (
         "the profiler's labels are undone"
     )
 

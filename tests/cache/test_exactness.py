@@ -157,7 +157,7 @@ def test_every_cached_batch_holds_what_the_live_teachers_return(
     its row."""
     from radio_lit.cli.cache import _build_run
     from radio_lit.data.views import as_float_images
-    from radio_lit.training.step import run_teachers
+    from radio_lit.training.teachers import run_teachers
 
     base = Path(__file__).resolve().parents[2] / "configs" / "ablations" / "base.yaml"
     # 20 crops, batch 8: 2 batches (the last 4 dropped); the old item-order layout already

@@ -24,7 +24,7 @@ from radio_lit.core.errors import ConfigError
 from radio_lit.data import SAMPLE_IMAGES, ImageFolderDataModule
 from radio_lit.data.views import as_float_images
 from radio_lit.training.partitions import Partition
-from radio_lit.training.step import run_teachers
+from radio_lit.training.teachers import run_teachers
 from tests.builders import tiny_module
 from tests.teachers.tiny import tiny_clip_teacher, tiny_sam_teacher
 

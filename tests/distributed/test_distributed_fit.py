@@ -341,8 +341,10 @@ def test_fsdp2_trains_like_ddp(run: Callable[[str], Result]) -> None:
     _trained_alike(run("fsdp2")[0], run("ddp")[0], "FSDP2 and DDP")
 
 
-def _trained_alike(actual: dict[str, Any], expected: dict[str, Any], what: str) -> None:
-    """Rank 0's losses (rtol 1e-5) and final weights (rtol 1e-4, atol 1e-5) of two runs."""
+def _trained_alike(
+    actual: dict[str, Any], expected: dict[str, Any], what: str, atol: float = 1e-5
+) -> None:
+    """Rank 0's losses (rtol 1e-5) and final weights (rtol 1e-4, ``atol``) of two runs."""
     torch.testing.assert_close(
         torch.tensor(actual["losses"]), torch.tensor(expected["losses"]), rtol=1e-5, atol=1e-6
     )
@@ -351,7 +353,7 @@ def _trained_alike(actual: dict[str, Any], expected: dict[str, Any], what: str) 
             actual["weights"][-1][key],
             value,
             rtol=1e-4,
-            atol=1e-5,
+            atol=atol,
             msg=lambda m, k=key: f"{what} final {k} differ: {m}",
         )
 
@@ -396,5 +398,10 @@ def test_fsdp2_computes_the_sigma_reparam_weights_of_a_step_together(
 def test_fsdp2_layouts_train_alike(run: Callable[[str], Result]) -> None:
     """A unit per block (σReparam per layer, as the layer runs) and the student as one unit
     (σReparam batched once per step) compute the same losses and updates to float32 noise:
-    the same function of the same weights, one power iteration per step either way."""
-    _trained_alike(run("fsdp2")[0], run(BLOCKS)[0], "FSDP2 layouts'")
+    the same function of the same weights, one power iteration per step either way.
+
+    atol 5e-5: the two layouts reduce in another order, and AdamW turns the relative
+    differences of near-zero gradients into weight differences of its step size's order (one
+    qkv bias element of 96 differed by 1.3e-5 on one machine's CPU kernels, where the losses
+    agreed to 1e-6)."""
+    _trained_alike(run("fsdp2")[0], run(BLOCKS)[0], "FSDP2 layouts'", atol=5e-5)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from radio_lit.losses import AdaLoss
 from radio_lit.metrics import DistillationMetrics
-from radio_lit.training.step import TeacherMatch
+from radio_lit.training.matching import TeacherMatch
 from tests.metrics.test_metrics_distributed import TEACHERS, TERMS, normalizers
 
 

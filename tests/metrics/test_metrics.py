@@ -10,7 +10,7 @@ import torch
 
 from radio_lit.metrics import DistillationMetrics, ErrorVarianceRange, Fidelity, SummaryCosine
 from radio_lit.normalizers import Identity, Standardize
-from radio_lit.training.step import TeacherMatch
+from radio_lit.training.matching import TeacherMatch
 
 # Teacher features Y [4 samples, 2 channels]: channel 0 is 0, 2, 0, 2 (mean 1, variance 1);
 # channel 1 is 1, 1, 5, 5 (mean 3, variance 4), so Var[Y] = (1 + 4) / 2 = 2.5.

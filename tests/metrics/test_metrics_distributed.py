@@ -11,7 +11,7 @@ import torch
 
 from radio_lit.metrics import DistillationMetrics
 from radio_lit.normalizers import Identity, Normalizer, Standardize
-from radio_lit.training.step import TeacherMatch
+from radio_lit.training.matching import TeacherMatch
 from tests.distributed.gloo import run_gloo_workers
 
 pytestmark = pytest.mark.distributed

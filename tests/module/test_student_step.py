@@ -1,6 +1,7 @@
-"""StudentStep's contract with DistillationModule (radio_lit/training/student_step.py): the views it
-shifts, the MESA term it adds, the per-step draws it asks of the student, and each rank's own
-random streams (DAMP's noise, shifts, CPE windows), in checkpoints."""
+"""StudentStep's contract with DistillationModule (radio_lit/training/student_step.py and the
+views it shifts, radio_lit/training/views.py): the MESA term's EMA views, the per-step draws it
+asks of the student, and each rank's own random streams (DAMP's noise, shifts, CPE windows), in
+checkpoints."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA
 from radio_lit.training.partitions import Chunk
 from radio_lit.training.student_step import StudentStep
+from radio_lit.training.views import shifted_chunks, step_views
 from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 from tests.distributed.gloo import run_gloo_workers
 
@@ -33,17 +35,21 @@ def test_views_shift_the_student_and_only_live_teachers():
     module = tiny_module(shifts=PatchShifts(distribution="uniform", max_shift=2, margin=0.5))
     step, teachers = module.student_step, module.teachers
     torch.manual_seed(0)
-    (live,) = step.views([_chunk()], teachers, _chunk().crop)  # live teachers
+    stream = step.streams["shifts"]
+    (live,) = shifted_chunks([_chunk()], step.shifts, stream, teachers, step.patch)  # live teachers
     torch.manual_seed(0)
-    (cached,) = step.views([_chunk()], teachers, CachedBatch(_chunk().crop, {}))
+    (cached,) = shifted_chunks([_chunk()], step.shifts, stream, teachers, step.patch, live=False)
     assert live.shifts is not None and cached.shifts is not None
     assert live.shifts.teachers.keys() == {"clip", "sam"} and cached.shifts.teachers == {}
     assert torch.equal(live.shifts.student, cached.shifts.student)  # drawn first, alike
     assert live.shifts.student.shape == (3, 2) and live.shifts.student.abs().max() <= 2
     assert live.shifts.student.device.type == "cpu" and live.shifts.margin == 0.5
     unshifted = StudentStep(16, (64, 64), MEAN, STD)
-    chunk = _chunk()
-    assert unshifted.views([chunk], teachers, chunk.crop) == [chunk]
+    crop = torch.randint(0, 255, (3, 3, 64, 64), dtype=torch.uint8)
+    (chunk,) = step_views(crop, module.partitions, unshifted, teachers, train=True)
+    assert chunk.shifts is None and torch.equal(chunk.crop, crop.float() / 255)
+    (cached_chunk,) = step_views(CachedBatch(crop, {}), module.partitions, step, teachers, False)
+    assert cached_chunk.shifts is None  # evaluation: unshifted
 
 
 def test_each_rank_draws_from_its_own_streams_and_the_global_generators_stay():
@@ -58,7 +64,8 @@ def test_each_rank_draws_from_its_own_streams_and_the_global_generators_stay():
         module.student_step.begin(module.student, 0, rank)
         state = torch.get_rng_state()
         chunks = module.partitions.chunks(crop, True)
-        (chunk,) = module.student_step.views(chunks, module.teachers, crop)
+        step = module.student_step
+        (chunk,) = shifted_chunks(chunks, step.shifts, step.streams["shifts"], module.teachers, 16)
         out = module.run_student(chunk.crop, chunk.resolution, chunk.shifts.student).features
         assert torch.equal(state, torch.get_rng_state())
         return chunk.shifts.student, out.detach()

@@ -39,9 +39,9 @@ config = parser.parse_args(
 shifts = parser.instantiate_classes(config).shifts
 assert type(shifts) is PatchShifts and shifts.std == 0.5, shifts
 
-from radio_lit.step import match_teachers
-from radio_lit.training.step import match_teachers as moved
-assert match_teachers is moved
+from radio_lit.grid import resample
+from radio_lit.geometry.grid import resample as moved
+assert resample is moved
 from radio_lit.cli import RadioLitCLI, main
 from radio_lit.cli.app import RadioLitCLI as App, main as app_main
 assert main is app_main and RadioLitCLI is App
@@ -50,9 +50,7 @@ print("ok")
 
 
 def test_old_module_names_and_class_paths_are_the_moved_ones():
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, cwd=ROOT
-    )
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 

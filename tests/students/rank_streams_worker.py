@@ -14,12 +14,14 @@ import torch.distributed as dist
 from radio_lit.geometry.shifts import PatchShifts
 from radio_lit.students.damp import DAMP
 from radio_lit.training.student_step import StudentStep
+from radio_lit.training.views import shifted_chunks
 from tests.builders import tiny_module
 
 
 def _draw(module, crop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (chunk,) = module.partitions.chunks(crop, train=True)
-    (chunk,) = module.student_step.views([chunk], module.teachers, crop)
+    step = module.student_step
+    (chunk,) = shifted_chunks([chunk], step.shifts, step.streams["shifts"], module.teachers, 16)
     features = module.run_student(chunk.crop, chunk.resolution, chunk.shifts.student).features
     shifts = torch.cat([chunk.shifts.student, *chunk.shifts.teachers.values()])
     return shifts, features.detach()

@@ -9,7 +9,7 @@ from radio_lit.geometry.shifts import shifted_view
 from radio_lit.teachers import FixedPatternTeacher
 from radio_lit.teachers.fixed_pattern import pattern_mask
 from radio_lit.teachers.rescaled import calibration_features
-from radio_lit.training.step import run_teachers
+from radio_lit.training.teachers import run_teachers
 from tests.teachers.tiny import tiny_dinov3_teacher
 
 
