@@ -150,8 +150,8 @@ class SeededSampler(StatefulDistributedSampler):
 
     def indices(self) -> Iterator[int]:
         """This rank's dataset indices of the epoch: every place, or only the used rows."""
-        rows, batch = self.rows or (1, 1)
-        end = self.places() // batch * batch
+        rows, batch = self.rows or (1, 1)  # every place: one row of batches of one
+        end = self.places() // batch * batch  # the full batches' places
         for index in StatefulDistributedSampler.__iter__(self):
             place = self.yielded - 1  # counts skipped places, and a resumed epoch's
             if place >= end:
