@@ -1,9 +1,10 @@
 """Where every millisecond of a training step goes: one command, any config, CPU or GPU.
 
 Builds the config (and ``--model... --trainer... --data...`` overrides) with radio-lit's own
-``RadioLitCLI``, at its real sizes with random weights (pretrained tags and checkpoints are
-dropped; ``--teacher-depth K`` keeps every teacher's width and shortens it to K blocks, stated
-in the output), trains it with the config's own Trainer and callbacks for ``--warmup`` steps,
+``RadioLitCLI``, at its real sizes with random weights (``benchmarks/harness.py``: pretrained
+tags and checkpoints are dropped; ``--teacher-depth K`` keeps every teacher's width and shortens
+it to K blocks, stated in the output), labels the step's phases (``benchmarks/phases.py``),
+trains it with the config's own Trainer and callbacks for ``--warmup`` steps,
 then ``--steps`` timed steps, one profiled step, one step whose scalar reads are followed and
 one FLOP-counted step, and prints per phase
 (views, each teacher, student forward, each head, grid matching, normalizers, losses, backward,

@@ -1,9 +1,10 @@
 """radio-lit's training step against a plain PyTorch loop, phase by phase, for any config.
 
 Both sides are built from one config by radio-lit's own parser at the config's real widths with
-random weights (``benchmarks/profile_step.py``'s ``build``: pretrained tags and checkpoints
+random weights (``benchmarks/harness.py``'s ``build``: pretrained tags and checkpoints
 dropped; ``--teacher-depth K`` shortens every teacher to K blocks, widths kept), and train on
-one batch of the config's data, in one process:
+one batch of the config's data, in one process, their phases labelled by
+``benchmarks/phases.py`` as ``profile_step.py``'s:
 
 * **radio-lit**: the config's own Trainer fits the ``DistillationModule`` with the config's
   callbacks less those that change what a steady-state step does or need a logger (statistics
