@@ -406,14 +406,16 @@ def copy_counts(events: list[Any]) -> tuple[int, int, int]:
     """``(copies, casts, bytes)`` among a profiler's events (recorded with shapes):
     ``aten::copy_`` calls (nested ones included: a cast, ``contiguous`` or ``clone`` copies
     through one), ``aten::_to_copy`` calls (dtype or device casts) and the bytes the copies
-    read and write (source and destination, each ``numel x element size``)."""
+    read and write (source and destination, each ``numel x element size``; 4 bytes where the
+    profiler records no dtypes: torch 2.11's ``FunctionEvent`` has no ``input_dtypes``)."""
     copies = casts = moved = 0
     for event in events:
         if event.name == "aten::_to_copy":
             casts += 1
         elif event.name == "aten::copy_":
             copies += 1
-            shapes, dtypes = event.input_shapes or [], event.input_dtypes or []
+            shapes = event.input_shapes or []
+            dtypes = getattr(event, "input_dtypes", None) or [None] * len(shapes)
             for shape, dtype in list(zip(shapes, dtypes, strict=False))[:2]:
                 numel = 1
                 for side in shape:
