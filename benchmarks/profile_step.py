@@ -128,10 +128,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Random weights and, with ``--teacher-depth``, fewer blocks for one teacher entry."""
-    key = f"--model.teachers.{name}.init_args"
+def _teacher_overrides(
+    name: str, entry: dict[str, Any], args: argparse.Namespace, at: str | None = None
+) -> list[str]:
+    """Random weights and, with ``--teacher-depth``, fewer blocks for one teacher entry (at
+    config key ``at``, default ``--model.teachers.<name>``); a wrapper's inner teacher alike."""
+    at = at or f"--model.teachers.{name}"
+    key = f"{at}.init_args"
     init = entry.get("init_args") or {}
+    if isinstance(init.get("teacher"), dict):  # UpsampledTeacher, RescaledTeacher...
+        inner = _teacher_overrides(name, init["teacher"], args, f"{key}.teacher")
+        return inner + (
+            [f"{key}.checkpoint=null"] if not args.pretrained and init.get("checkpoint") else []
+        )
     kind = entry["class_path"].rsplit(".", 1)[-1]
     parameters = _init_parameters(entry["class_path"])
     out = []
@@ -214,6 +223,9 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
     extra = []
     for name, entry in (model.get("teachers") or {}).items():
         extra += _teacher_overrides(name, entry, args)
+    teacher = (model.get("init_args") or {}).get("teacher") if "class_path" in model else None
+    if teacher is not None:  # a module of its own (configs/featsharp): its one teacher
+        extra += _teacher_overrides("teacher", teacher, args, "--model.init_args.teacher")
     student = (model.get("student") or {}).get("init_args") or {}
     if not args.pretrained and student.get("pretrained"):
         extra.append("--model.student.init_args.pretrained=false")
@@ -230,8 +242,9 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
     ]
     if config.get("trainer", {}).get("logger"):
         extra.append(f"--trainer.logger.init_args.save_dir={root}")
+    given = _one_teacher_override(teacher, [*extra, *overrides]) if teacher else [*extra, *overrides]
     with on_device(args):
-        cli = RadioLitCLI(run=False, args=["--config", args.config, *extra, *overrides])
+        cli = RadioLitCLI(run=False, args=["--config", args.config, *given])
     # The config's evaluation measures are built (their errors are the config's) but not run:
     # they run at the end of fit, after the steps measured here.
     cli.trainer.callbacks[:] = [c for c in cli.trainer.callbacks if not isinstance(c, Evaluation)]
@@ -239,6 +252,29 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
         for name, teacher in cli.model.teachers.items():
             shorten_trunk(name, teacher, args.teacher_depth)
     return cli
+
+
+def _one_teacher_override(entry: dict[str, Any], overrides: list[str]) -> list[str]:
+    """``overrides`` with those of ``--model.init_args.teacher.<...>`` folded into one override
+    of the whole entry: jsonargparse reads ``null`` given to an option nested in a module's
+    own ``init_args`` as the string ``"None"``, a whole entry as JSON it reads right."""
+    import copy
+
+    import yaml
+
+    prefix = "--model.init_args.teacher."
+    teacher, rest = copy.deepcopy(entry), []
+    for override in overrides:
+        if not override.startswith(prefix):
+            rest.append(override)
+            continue
+        path, value = override[len(prefix) :].split("=", 1)
+        *parents, leaf = path.split(".")
+        node = teacher
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return [*rest, f"--model.init_args.teacher={json.dumps(teacher)}"]
 
 
 def shorten_trunk(name: str, teacher: Any, depth: int) -> None:
