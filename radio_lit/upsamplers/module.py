@@ -57,6 +57,13 @@ DownsamplerFactory = Callable[[int, int], nn.Module]
 TEACHER_WEIGHTS = "featsharp_teacher_weights"
 
 
+def _teacher_not_saved(module: nn.Module, incompatible: Any) -> None:
+    """Teacher weights are never in a checkpoint (they reload from their source)."""
+    incompatible.missing_keys[:] = [
+        k for k in incompatible.missing_keys if not k.startswith("teacher.")
+    ]
+
+
 def nadam(params: Any) -> torch.optim.Optimizer:
     """NAdam at 5e-4 [notes 4.4]."""
     return torch.optim.NAdam(params, lr=5e-4)
@@ -119,6 +126,7 @@ class FeatSharpModule(pl.LightningModule):
         self.min_lr_ratio = min_lr_ratio
         self.keep_teacher_weights = keep_teacher_weights
         self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
+        self.register_load_state_dict_post_hook(_teacher_not_saved)
 
     # -- the statistics callback's protocol (radio_lit.callbacks.statistics) ------------------
     def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
