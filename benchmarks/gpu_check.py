@@ -191,7 +191,10 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
     init = entry.get("init_args") or {}
     args = f"{key}.init_args"
     if kind == "UpsampledTeacher":  # an untrained upsampler of the tiny teacher
-        return [f"{args}.checkpoint=null", *tiny_teacher_overrides(f"{args}.teacher", init["teacher"])]
+        return [
+            f"{args}.checkpoint=null",
+            *tiny_teacher_overrides(f"{args}.teacher", init["teacher"]),
+        ]
     if isinstance(init.get("teacher"), dict):  # RescaledTeacher, FixedPatternTeacher
         return tiny_teacher_overrides(f"{args}.teacher", init["teacher"])
     if any(init.get(k) for k in ("model_cfg", "model_kwargs", "encoder_kwargs")):

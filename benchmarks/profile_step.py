@@ -242,7 +242,9 @@ def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) 
     ]
     if config.get("trainer", {}).get("logger"):
         extra.append(f"--trainer.logger.init_args.save_dir={root}")
-    given = _one_teacher_override(teacher, [*extra, *overrides]) if teacher else [*extra, *overrides]
+    given = (
+        _one_teacher_override(teacher, [*extra, *overrides]) if teacher else [*extra, *overrides]
+    )
     with on_device(args):
         cli = RadioLitCLI(run=False, args=["--config", args.config, *given])
     # The config's evaluation measures are built (their errors are the config's) but not run:

@@ -26,9 +26,9 @@ from radio_lit.upsamplers.fusion import FusionBlock, TileEmbedding
 from radio_lit.upsamplers.jbu import JBUStack
 from radio_lit.upsamplers.passes import teacher_passes
 
-__all__ = ["FeatSharp", "UpsamplerFactory"]
+__all__ = ["FeatSharp"]
 
-#: ``(dim, factor) -> module``: the base upsampler, ``[B, C, h, w]`` and the image -> ``[B, C, k h, k w]``.
+#: ``(dim, factor) -> module``: the base upsampler, ``[B, C, h, w]`` + image -> ``[B, C, k h, k w]``.
 BaseFactory = Callable[[int, int], nn.Module]
 #: ``dim -> module``: the fusion block, ``(base, tiles)`` ``[B, H, W, C]`` -> ``[B, H, W, C]``.
 FusionFactory = Callable[[int], nn.Module]

@@ -56,7 +56,9 @@ class NeighbourhoodAttention(nn.Module):
     def __init__(self, width: int, heads: int, window: int = 7) -> None:
         super().__init__()
         if width % heads:
-            raise ValueError(f"NeighbourhoodAttention: width {width} is not divisible by {heads} heads")
+            raise ValueError(
+                f"NeighbourhoodAttention: width {width} is not divisible by {heads} heads"
+            )
         self.heads, self.window = heads, window
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)

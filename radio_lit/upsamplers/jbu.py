@@ -96,7 +96,7 @@ class JBUStack(nn.Module):
         )
 
     def forward(self, features: Tensor, image: Tensor) -> Tensor:
-        """``features [B, C, h, w]``, ``image [B, 3, H', W']`` in ``[0, 1]`` -> ``[B, C, k h, k w]``."""
+        """``features [B, C, h, w]``, ``image [B, 3, H', W']`` in [0, 1] -> ``[B, C, k h, k w]``."""
         for stage in self.stages:
             features = stage(features, image)
         return features

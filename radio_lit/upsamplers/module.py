@@ -111,7 +111,9 @@ class FeatSharpModule(pl.LightningModule):
         keep_teacher_weights: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["teacher", "upsampler", "views", "downsampler", "optimizer"])
+        self.save_hyperparameters(
+            ignore=["teacher", "upsampler", "views", "downsampler", "optimizer"]
+        )
         self.teacher = teacher
         self.upsampler = upsampler(teacher.feature_dim, teacher.grid_size)
         self.factor = self.upsampler.factor
@@ -119,7 +121,9 @@ class FeatSharpModule(pl.LightningModule):
         self.downsampler = downsampler(teacher.feature_dim, self.factor)
         self.uncertainty = Uncertainty(teacher.feature_dim) if uncertainty else None
         grid = (teacher.grid_size[0] * self.factor, teacher.grid_size[1] * self.factor)
-        self.register_buffer("seams", seam_weights(grid, self.factor, seam_weight), persistent=False)
+        self.register_buffer(
+            "seams", seam_weights(grid, self.factor, seam_weight), persistent=False
+        )
         self.optimizer_factory = optimizer
         self.lr_scales = {"upsampler.base.": 0.2, "uncertainty.": 0.02, **(lr_scales or {})}
         self.warmup_steps, self.warmup_start = warmup_steps, warmup_start
@@ -204,8 +208,12 @@ class FeatSharpModule(pl.LightningModule):
         groups: dict[float, list[nn.Parameter]] = {}
         for name, parameter in self.trainable_parameters():
             prefix = next((p for p in self.lr_scales if name.startswith(p)), None)
-            groups.setdefault(1.0 if prefix is None else self.lr_scales[prefix], []).append(parameter)
-        optimizer = self.optimizer_factory([{"params": p, "lr_scale": s} for s, p in groups.items()])
+            groups.setdefault(1.0 if prefix is None else self.lr_scales[prefix], []).append(
+                parameter
+            )
+        optimizer = self.optimizer_factory(
+            [{"params": p, "lr_scale": s} for s, p in groups.items()]
+        )
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * group["lr_scale"]
         total = max(int(self.trainer.estimated_stepping_batches), 1)

@@ -58,9 +58,7 @@ class UpsampledTeacher(Teacher):
     ) -> None:
         built = upsampler(teacher.feature_dim, teacher.grid_size)
         factor = built.factor
-        super().__init__(
-            teacher.resolution * factor, teacher.patch_size, teacher.mean, teacher.std
-        )
+        super().__init__(teacher.resolution * factor, teacher.patch_size, teacher.mean, teacher.std)
         self.teacher = teacher
         self.upsampler = built
         self.factor = factor

@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
+from benchmarks.gpu_check import own_module
 from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.students.sharding import FSDP2
-from benchmarks.gpu_check import own_module
 from tests.configs.shipped import CONFIGS, built, gpu_recipe, raw
 
 #: The GPU distillation recipes (configs/featsharp trains upsamplers: tests/upsamplers).

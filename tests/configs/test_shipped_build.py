@@ -11,8 +11,8 @@ import torch
 
 from benchmarks.gpu_check import config_teachers, own_module, stage_chains, world_size
 from radio_lit.module import DistillationModule
-from radio_lit.upsamplers import FeatSharpModule
 from radio_lit.students import CPEViT
+from radio_lit.upsamplers import FeatSharpModule
 from tests.configs.shipped import (
     CONFIGS,
     ROOT,

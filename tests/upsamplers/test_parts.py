@@ -92,7 +92,9 @@ def test_featsharp_returns_the_k_times_map_and_starts_as_its_base_path(teacher):
     upsampler = _upsampler(factor=2)
     images = torch.rand(2, 3, 112, 112)
     passes = teacher_passes(teacher, images, 2)
-    upsampler.normalizer.update(torch.cat([passes.low.reshape(-1, DIM), passes.tiles.reshape(-1, DIM)]))
+    upsampler.normalizer.update(
+        torch.cat([passes.low.reshape(-1, DIM), passes.tiles.reshape(-1, DIM)])
+    )
     upsampler.normalizer.fit()
     out = upsampler(passes.low, passes.tiles, images)
     assert out.shape == (2, 8, 8, DIM)
@@ -145,7 +147,10 @@ def test_views_are_kornias_warps_and_feature_warps_follow_the_matrices():
     views, matrices = JitteredViews(count=3)(images)
     assert views.shape == (6, 3, 64, 64) and matrices.shape == (6, 3, 3)
     expected = warp_perspective(
-        images.repeat_interleave(3, 0), matrices, (64, 64), padding_mode="reflection",
+        images.repeat_interleave(3, 0),
+        matrices,
+        (64, 64),
+        padding_mode="reflection",
         align_corners=True,
     )
     assert torch.equal(views, expected)

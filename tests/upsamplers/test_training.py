@@ -17,11 +17,11 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from radio_lit.cli.app import RadioLitCLI
+from radio_lit.teachers import OpenCLIPTeacher
 from radio_lit.upsamplers import FeatSharp, FusionBlock, UpsampledTeacher
 from tests import forking
 from tests.cli.test_resume import kill_when_paused, resumable_callbacks
 from tests.teachers.tiny import TINY_SIGLIP_CFG
-from radio_lit.teachers import OpenCLIPTeacher
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "featsharp" / "quickstart.yaml")
@@ -31,7 +31,13 @@ QUICKSTART = str(ROOT / "configs" / "featsharp" / "quickstart.yaml")
 def trained(tmp_path_factory):
     """The quickstart, 30 steps (a checkpoint and PCA panels at step 30), in this process."""
     root = tmp_path_factory.mktemp("featsharp")
-    args = ["fit", "--config", QUICKSTART, "--trainer.max_steps=30", "--trainer.val_check_interval=30"]
+    args = [
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--trainer.max_steps=30",
+        "--trainer.val_check_interval=30",
+    ]
     args += [f"--trainer.logger.init_args.save_dir={root}", "--data.init_args.repeats=4"]
     cli = RadioLitCLI(args=args)
     return cli, Path(cli.trainer.log_dir)
@@ -61,7 +67,9 @@ def test_an_upsampled_teacher_loads_the_trained_upsampler_and_its_teacher(traine
     cfg = {**TINY_SIGLIP_CFG, "embed_dim": 96}
     torch.manual_seed(123)  # other random weights: the checkpoint's replace them
     inner = OpenCLIPTeacher("radio-lit-tiny-siglip2", model_cfg=cfg, resolution=64)
-    upsampler = functools.partial(FeatSharp, factor=3, fusion=functools.partial(FusionBlock, heads=4))
+    upsampler = functools.partial(
+        FeatSharp, factor=3, fusion=functools.partial(FusionBlock, heads=4)
+    )
     checkpoint = str(run / "checkpoints" / "last.ckpt")
     teacher = UpsampledTeacher(inner, upsampler, checkpoint=checkpoint, min_student_grid=6)
     crops = torch.rand(2, 3, 192, 192)
