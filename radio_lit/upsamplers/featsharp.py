@@ -28,7 +28,7 @@ from radio_lit.upsamplers.passes import teacher_passes
 
 __all__ = ["FeatSharp"]
 
-#: ``(dim, factor) -> module``: the base upsampler, ``[B, C, h, w]`` + image -> ``[B, C, k h, k w]``.
+#: ``(dim, factor) -> module``: base upsampler, ``[B, C, h, w]`` + image -> ``[B, C, k h, k w]``.
 BaseFactory = Callable[[int, int], nn.Module]
 #: ``dim -> module``: the fusion block, ``(base, tiles)`` ``[B, H, W, C]`` -> ``[B, H, W, C]``.
 FusionFactory = Callable[[int], nn.Module]
