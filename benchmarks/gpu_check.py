@@ -100,12 +100,28 @@ def shipped_configs(root: Path = ROOT) -> list[ShippedConfig]:
     for path in sorted((root / "configs").rglob("*.yaml")):
         raw = harness.load_config(path)
         model = raw.get("model") or {}
-        if "data" in raw and model.get("teachers") and model.get("student"):
+        if "data" in raw and (own_module(raw) or (model.get("teachers") and model.get("student"))):
             found.append(ShippedConfig(path, (path,)))
             continue
         base = Path(_base_of(path))  # an overlay's comments name its base from the root
         found.append(ShippedConfig(path, ((base if base.is_absolute() else root / base), path)))
     return found
+
+
+def own_module(raw: dict[str, Any]) -> bool:
+    """Whether a config names a LightningModule of its own (``model: class_path: ...``, e.g.
+    ``configs/featsharp/``: a FeatSharp upsampler's training) rather than a distillation."""
+    return "class_path" in (raw.get("model") or {})
+
+
+def config_teachers(raw: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """``{name: (config key, entry)}`` of a config's teachers: ``model.teachers.<name>``, or
+    the ``teacher`` of a module of its own (:func:`own_module`)."""
+    model = raw.get("model") or {}
+    if own_module(raw):
+        teacher = (model.get("init_args") or {}).get("teacher")
+        return {} if teacher is None else {"teacher": ("--model.init_args.teacher", teacher)}
+    return {n: (f"--model.teachers.{n}", e) for n, e in (model.get("teachers") or {}).items()}
 
 
 def stage_chains(configs: Sequence[ShippedConfig]) -> dict[str, list[ShippedConfig]]:
@@ -144,6 +160,11 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
     kind = str(entry.get("class_path", "")).rsplit(".", 1)[-1]
     init = entry.get("init_args") or {}
     args = f"{key}.init_args"
+    if kind == "UpsampledTeacher":  # an untrained upsampler of the tiny teacher
+        return [
+            f"{args}.checkpoint=null",
+            *tiny_teacher_overrides(f"{args}.teacher", init["teacher"]),
+        ]
     if isinstance(init.get("teacher"), dict):  # RescaledTeacher, FixedPatternTeacher
         return tiny_teacher_overrides(f"{args}.teacher", init["teacher"])
     if any(init.get(k) for k in ("model_cfg", "model_kwargs", "encoder_kwargs")):
@@ -264,7 +285,9 @@ def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) ->
     elif size == "cpu":
         batch = CPU_IMAGES_PER_PARTITION
     if size == "cpu":  # torch's CPU kernels lack bf16 antialiased resizing: float32 steps
-        out += [f"--model.student_resolution={CPU_RESOLUTIONS[-1]}", "--trainer.precision=32-true"]
+        out.append("--trainer.precision=32-true")
+        if not own_module(raw):
+            out.append(f"--model.student_resolution={CPU_RESOLUTIONS[-1]}")
     crop = CPU_CROP if size == "cpu" else int(data.get("crop_size", 256))
     out += ["--data=radio_lit.data.SyntheticDataModule", f"--data.init_args.crop_size={crop}"]
     out += [f"--data.init_args.batch_size={batch}", "--data.init_args.num_workers=0"]
@@ -342,9 +365,7 @@ def build(
     otherwise)."""
     raw = merged(config.files)
     overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
-    teachers = (raw.get("model") or {}).get("teachers") or {}
-    for name, entry in teachers.items():
-        key = f"--model.teachers.{name}"
+    for key, entry in config_teachers(raw).values():
         if size in ("cpu", "build"):
             overrides += tiny_teacher_overrides(key, entry)
         elif teacher_depth is not None:
@@ -483,6 +504,10 @@ def _first_line(error: BaseException) -> str:
 
 def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
     model = cli.model
+    if not hasattr(model, "student"):  # a module of its own (configs/featsharp): an upsampler
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6
+        batch = cli.datamodule.batch_size
+        return f"{type(model).__name__}, {trained:.2f}M trained params, batch {batch}"
     params = sum(p.numel() for p in model.student.parameters()) / 1e6
     shards = model.partitions.partitions
     batch = sum(p.batch_size or 0 for p in shards.values()) or cli.datamodule.batch_size

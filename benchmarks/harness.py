@@ -202,14 +202,21 @@ def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
 
 
 def random_weight_overrides(
-    name: str, entry: dict[str, Any], pretrained: bool, depth: int | None
+    name: str, entry: dict[str, Any], pretrained: bool, depth: int | None, at: str | None = None
 ) -> list[str]:
-    """Overrides of teacher ``name``: random weights (:func:`random_init`) unless
-    ``pretrained``; with ``depth``, that many blocks at the teacher's widths (open_clip's own
-    towers, SAM, timm and transformers models; open_clip's timm trunks are shortened once
-    built: :func:`shorten_trunk`)."""
-    key = f"--model.teachers.{name}.init_args"
+    """Overrides of teacher ``name`` (at config key ``at``, default ``--model.teachers.<name>``):
+    random weights (:func:`random_init`) unless ``pretrained``; with ``depth``, that many blocks
+    at the teacher's widths (open_clip's own towers, SAM, timm and transformers models;
+    open_clip's timm trunks are shortened once built: :func:`shorten_trunk`). A wrapper's inner
+    teacher (``UpsampledTeacher``, ``RescaledTeacher``...) alike, a wrapper's checkpoint left
+    out (an untrained upsampler)."""
+    key = f"{at or f'--model.teachers.{name}'}.init_args"
     init = entry.get("init_args") or {}
+    if isinstance(init.get("teacher"), dict):
+        inner = random_weight_overrides(name, init["teacher"], pretrained, depth, f"{key}.teacher")
+        return inner + (
+            [f"{key}.checkpoint=null"] if not pretrained and init.get("checkpoint") else []
+        )
     kind = entry["class_path"].rsplit(".", 1)[-1]
     changes = {} if pretrained else random_init(entry)
     out = [override(f"{key}.{k}", v) for k, v in changes.items()]
@@ -287,6 +294,10 @@ def build(
     extra = []
     for name, entry in (model.get("teachers") or {}).items():
         extra += random_weight_overrides(name, entry, pretrained, teacher_depth)
+    teacher = (model.get("init_args") or {}).get("teacher") if "class_path" in model else None
+    if teacher is not None:  # a module of its own (configs/featsharp): its one teacher
+        at = "--model.init_args.teacher"
+        extra += random_weight_overrides("teacher", teacher, pretrained, teacher_depth, at)
     student = (model.get("student") or {}).get("init_args") or {}
     if not pretrained and student.get("pretrained"):
         extra.append("--model.student.init_args.pretrained=false")
@@ -302,14 +313,36 @@ def build(
     ]
     if (raw.get("trainer") or {}).get("logger"):
         extra.append(f"--trainer.logger.init_args.save_dir={root}")
+    given = [*extra, *overrides]
     with on_device(device, build_on_host):
-        cli = parse(config, *extra, *overrides)
+        cli = parse(config, *(_one_teacher_override(teacher, given) if teacher else given))
     callbacks = cli.trainer.callbacks
     callbacks[:] = [c for c in callbacks if not isinstance(c, Evaluation)]
     if teacher_depth is not None:
-        for name, teacher in cli.model.teachers.items():
-            shorten_trunk(name, teacher, teacher_depth)
+        for name, built in getattr(cli.model, "teachers", {}).items():
+            shorten_trunk(name, built, teacher_depth)
     return cli
+
+
+def _one_teacher_override(entry: dict[str, Any], overrides: list[str]) -> list[str]:
+    """``overrides`` with those of ``--model.init_args.teacher.<...>`` folded into one override
+    of the whole entry: jsonargparse reads ``null`` given to an option nested in a module's
+    own ``init_args`` as the string ``"None"``, a whole entry as JSON it reads right."""
+    import yaml
+
+    prefix = "--model.init_args.teacher."
+    teacher, rest = copy.deepcopy(entry), []
+    for given in overrides:
+        if not given.startswith(prefix):
+            rest.append(given)
+            continue
+        path, value = given[len(prefix) :].split("=", 1)
+        *parents, leaf = path.split(".")
+        node = teacher
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return [*rest, override("--model.init_args.teacher", teacher)]
 
 
 def one_device(

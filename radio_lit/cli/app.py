@@ -22,7 +22,7 @@ import torch.distributed
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch import __version__ as pl_version
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -101,9 +101,11 @@ class RadioLitCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in self.subcommands()}})
         # Whether the Hub answers is found out while the arguments are parsed.
         self.hub = HubProbe().start()
+        other_module = _names_a_module(self.command_line)
         super().__init__(
-            DistillationModule,
+            LightningModule if other_module else DistillationModule,
             LightningDataModule,
+            subclass_mode_model=other_module,
             subclass_mode_data=True,
             **kwargs,  # type: ignore[arg-type]
         )
@@ -263,6 +265,29 @@ class RadioLitCLI(LightningCLI):
             if path:
                 lines.append(f"checkpoint: {path}")
         print("\n".join(lines), flush=True)
+
+
+def _names_a_module(command_line: Sequence[str]) -> bool:
+    """Whether the run's configs name another LightningModule (``model: class_path: ...``, e.g.
+    ``radio_lit.upsamplers.FeatSharpModule`` in ``configs/featsharp/``); the model is then
+    parsed as a class of its own rather than as :class:`DistillationModule`'s arguments."""
+    import yaml
+
+    files = [
+        arg.split("=", 1)[1] if arg.startswith("--config=") else command_line[i + 1]
+        for i, arg in enumerate(command_line)
+        if (arg == "--config" and i + 1 < len(command_line)) or arg.startswith("--config=")
+    ]
+    names = False
+    for path in files:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # the parser reports it
+        model = loaded.get("model") if isinstance(loaded, dict) else None
+        if isinstance(model, dict) and ("class_path" in model or "teachers" in model):
+            names = "class_path" in model
+    return names
 
 
 def _with_cached_teachers(config: Namespace, subcommand: str | None) -> Namespace:
