@@ -33,6 +33,7 @@ from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
+from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import overlay_error
 from radio_lit.cli.results import evaluation_results, results_table
@@ -50,7 +51,6 @@ from radio_lit.core.errors import (
     short_message,
     with_suggestions,
 )
-from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.distributed.cluster import STOP, check_allocation, stop_building, under_slurm
 from radio_lit.distributed.strategies import check_strategy
 from radio_lit.module import DistillationModule
