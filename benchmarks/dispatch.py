@@ -8,7 +8,8 @@ CPU-measurable proxy of that cost.
 "Top-level" operations are those not nested in another aten operation: what Python (or
 autograd's engine, for a backward) dispatches. "All" counts nested ones too.
 
-Scalar reads (:class:`ScalarReads`) are told apart by whether they would wait for a GPU.
+Scalar reads (:class:`ScalarReads`; a boolean-mask index or ``nonzero``, whose output size is
+read back, counts as one) are told apart by whether they would wait for a GPU.
 """
 
 from __future__ import annotations
@@ -123,10 +124,14 @@ class ScalarReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is torch.ops.aten._local_scalar_dense.default:
-            tensor = args[0]
-            on_device = tensor.device.type != "cpu" or tensor in self.provenance.device
+            self.reads.append(ScalarRead(self._on_device(args[0]), _asking_frame()))
+        elif _data_shaped(func, args):  # its output's size is read back from the device
+            on_device = any(self._on_device(t) for t in _tensors(args))
             self.reads.append(ScalarRead(on_device, _asking_frame()))
         return func(*args, **(kwargs or {}))
+
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type != "cpu" or tensor in self.provenance.device
 
     @property
     def device_syncs(self) -> list[ScalarRead]:
@@ -163,6 +168,26 @@ class DeviceTensors(TorchFunctionMode):
 
 
 _TO_HOST = (torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.tolist)
+
+#: Operations whose output size depends on their input's values: on a GPU the host reads that
+#: size back before it can go on (a boolean-mask index ``x[mask]`` is ``aten.index`` with a
+#: bool index).
+_DATA_SHAPED = {
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_dim.default,
+    torch.ops.aten.unique_consecutive.default,
+}
+
+
+def _data_shaped(func: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``func(*args)`` is one of :data:`_DATA_SHAPED` or a boolean-mask index."""
+    if func in _DATA_SHAPED:
+        return True
+    if func is torch.ops.aten.index.Tensor:
+        return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1]))
+    return False
 
 
 def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:

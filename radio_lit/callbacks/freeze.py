@@ -25,6 +25,12 @@ class FreezeBody(Callback):
     decay, no moment — while the heads train. The schedule follows ``trainer.global_step``,
     which checkpoints restore, so a resumed run unfreezes at the same step.
 
+    While the trunk is held, nothing runs for it (:attr:`~radio_lit.training.student_step.
+    StudentStep.trunk_frozen`, set before each step): the EMA student holds its trunk's
+    average, taking no step toward weights that do not train, while its heads' EMA follows
+    the heads; and MESA's EMA forward is skipped when its gradient would reach the trunk only
+    (``applies_to: backbone``), as that gradient is dropped ``[choice]``.
+
     At the first unfrozen step the optimizer's state of the trunk is forgotten
     (:func:`restart_optimizer_state`): the trunk's moment estimates and step counters start
     there, as a fresh optimizer's would. This needs the trunk in parameter groups of its own
@@ -46,6 +52,15 @@ class FreezeBody(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict["steps"])
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        frozen = trainer.global_step < self.steps  # this step's gradients of the trunk drop
+        distillation_module(pl_module).student_step.trunk_frozen = frozen
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        distillation_module(pl_module).student_step.trunk_frozen = False
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer

@@ -83,7 +83,7 @@ class Normalizer(nn.Module):
 
     # -- statistics ------------------------------------------------------------------------
     @torch.no_grad()
-    def update(self, x: Tensor) -> None:
+    def update(self, x: Tensor, mask: Tensor | None = None) -> None:
         """Accumulate the statistics of a batch of teacher features.
 
         Runs in float64 with autocast disabled, as an exact streaming merge (Chan et al.) of
@@ -97,22 +97,42 @@ class Normalizer(nn.Module):
         Args:
             x: ``[..., dim]`` features; every leading dim is a sample (``[B, H, W, C]``
                 patch features give ``B * H * W`` samples).
+            mask: ``[...]`` bool, the samples to count (e.g. a shifted view's valid tokens);
+                ``None``: all. The statistics are those of ``x[mask]``, computed as masked
+                sums and counts: no sample count is read back to the host (a boolean index
+                would be, on a GPU).
         """
         self._check_dim(x)
         if not self.requires_statistics:
             return
+        if mask is not None and mask.shape != x.shape[:-1]:
+            raise ValueError(
+                f"{type(self).__name__}.update: the mask {tuple(mask.shape)} must have the "
+                f"features' leading shape {tuple(x.shape[:-1])} (one flag per sample)"
+            )
         f64 = torch.float64
         with torch.autocast(device_type=x.device.type, enabled=False):
             chunks = x.detach().reshape(-1, self.dim).split(_CHUNK_ROWS)
+            weights = (
+                [None] * len(chunks)
+                if mask is None
+                else [m[:, None] for m in mask.reshape(-1).split(_CHUNK_ROWS)]
+            )
             sums = torch.zeros(self.dim + 1, dtype=f64, device=self.mean.device)
-            for chunk in chunks:
-                sums[0] += chunk.shape[0]
-                sums[1:] += chunk.to(sums).sum(0)
+            for chunk, weight in zip(chunks, weights, strict=True):
+                rows = chunk.to(sums)
+                if weight is None:
+                    sums[0] += chunk.shape[0]
+                else:  # a masked-out row adds exact zeros
+                    rows = rows * weight
+                    sums[0] += weight.sum()
+                sums[1:] += rows.sum(0)
             count, total = _all_reduce(sums, self.process_group).split([1, self.dim])
             mean = total / count.clamp_min(1)
             m2 = torch.zeros_like(self.m2)
-            for chunk in chunks:
-                m2 += self._scatter(chunk.to(sums) - mean)
+            for chunk, weight in zip(chunks, weights, strict=True):
+                centered = chunk.to(sums) - mean
+                m2 += self._scatter(centered if weight is None else centered * weight)
             self._merge(count[0], mean, _all_reduce(m2, self.process_group))
 
     def _scatter(self, centered: Tensor) -> Tensor:

@@ -40,6 +40,7 @@ def accumulate_statistics(
     features: Sequence[Mapping[str, Tensor]],
     refit: bool,
     sources: Mapping[str, int],
+    masks: Sequence[Mapping[str, Tensor]] | None = None,
 ) -> None:
     """Add one step's teacher features to the statistics; on ``refit`` steps, refit and share.
 
@@ -50,14 +51,28 @@ def accumulate_statistics(
         refit: recompute every transform from everything accumulated, then share it.
         sources: teacher name -> first global rank of its process group, for teachers that
             run on only some ranks (:attr:`radio_lit.training.partitions.PartitionPlan.sources`).
+        masks: one ``{name: [B, H, W]}`` bool per chunk, the tokens to count (a teacher
+            without an entry counts all of its chunk's); ``None``: every token. Counted as
+            masked sums (:meth:`~radio_lit.normalizers.Normalizer.update`): no host read.
     """
     for name, normalizer in normalizers.items():
-        rows = [
-            chunk[name].float().reshape(-1, normalizer.dim) for chunk in features if name in chunk
-        ]
-        if not rows:
+        chunks = [i for i, chunk in enumerate(features) if name in chunk]
+        if not chunks:
             continue  # not in this teacher's group: it issues none of the group's collectives
-        normalizer.update(torch.cat(rows))
+        rows = torch.cat([features[i][name].float().reshape(-1, normalizer.dim) for i in chunks])
+        given = [masks[i].get(name) if masks is not None else None for i in chunks]
+        if all(mask is None for mask in given):
+            normalizer.update(rows)
+        else:
+            flags = [
+                mask.reshape(-1)
+                if mask is not None
+                else torch.ones(
+                    features[i][name].shape[:-1].numel(), dtype=torch.bool, device=rows.device
+                )
+                for i, mask in zip(chunks, given, strict=True)
+            ]
+            normalizer.update(rows, torch.cat(flags))
         if refit:
             normalizer.fit()
     if refit:
@@ -73,13 +88,12 @@ def accumulate_outputs(
 ) -> None:
     """One estimation step of teacher outputs (``radio_lit.teachers.TeacherOutput``, one
     ``{name: output}`` per chunk, on the loss grid): the features each view saw (a shifted
-    view's valid tokens only, ``output.valid``) into the normalizers, the summaries into the
-    summary dispersions (:func:`accumulate_statistics`, in that order)."""
-    seen = [
-        {n: o.features if o.valid is None else o.features[o.valid] for n, o in chunk.items()}
-        for chunk in outputs
-    ]
-    accumulate_statistics(normalizers, seen, refit, sources)
+    view's valid tokens only, ``output.valid``, as a mask: no host read) into the normalizers,
+    the summaries into the summary dispersions (:func:`accumulate_statistics`, in that
+    order)."""
+    features = [{n: o.features for n, o in chunk.items()} for chunk in outputs]
+    masks = [{n: o.valid for n, o in chunk.items() if o.valid is not None} for chunk in outputs]
+    accumulate_statistics(normalizers, features, refit, sources, masks)
     summaries = [{n: o.summary for n, o in c.items() if o.summary is not None} for c in outputs]
     accumulate_statistics(dispersions, summaries, refit, sources)
 

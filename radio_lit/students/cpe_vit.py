@@ -2,8 +2,10 @@
 
 The student keeps one large grid of learned position embeddings (AM-RADIO uses 128 x 128
 positions). In training each sample draws a random sub-window of that grid (random scale and
-aspect ratio) which is resampled to the sample's patch grid; in eval the whole grid is
-resized to the longest side and its top-left window used. The ViT therefore runs at any
+aspect ratio) which is resampled to the sample's patch grid, and, with ``cpe_dropout`` p, has
+its whole position encoding zeroed with probability p (NVlabs/RADIO's ``pos_dropout``, 0.1 in
+C-RADIOv4: notes 1.4, 7.3); in eval the whole grid is resized to the longest side and its
+top-left window used, never dropped. The ViT therefore runs at any
 resolution and aspect ratio that is a multiple of the patch size.
 
 Options: ViTDet window augmentation for high-resolution training and as an inference
@@ -143,6 +145,12 @@ class CPEViT(Student):
         cpe_min_scale: smallest side fraction of the grid a training crop covers
             (sqrt(0.1) gives 10% of the area, as in RADIO).
         cpe_max_aspect: largest aspect-ratio distortion of a training crop (4/3).
+        cpe_dropout: position-embedding dropout p: in training each sample's whole position
+            encoding is zeroed with probability p, an independent draw per sample from torch's
+            default generator (in a training step, the rank's forward stream:
+            :mod:`radio_lit.training.random_streams`); kept samples are not rescaled. As
+            NVlabs/RADIO trains the CPE (``pos_dropout``; 0.1 for C-RADIOv4, notes 1.4).
+            Evaluation and export never drop. 0: off (the default).
         cpe_align_corners: how eval mode resizes the CPE grid to the input's longest side.
             ``True`` samples grid corners as training's windows do; ``False`` resizes as
             NVlabs/RADIO's inference code does (``ViTPatchGenerator``: bilinear,
@@ -184,6 +192,7 @@ class CPEViT(Student):
         patch_embed_bias: bool = True,
         cpe_min_scale: float = math.sqrt(0.1),
         cpe_max_aspect: float = 4.0 / 3.0,
+        cpe_dropout: float = 0.0,
         cpe_align_corners: bool = True,
         pixel_mean: Triple | None = None,
         pixel_std: Triple | None = None,
@@ -220,6 +229,12 @@ class CPEViT(Student):
         self.num_registers = num_registers
         self.cpe_min_scale = cpe_min_scale
         self.cpe_log_aspect = math.log(cpe_max_aspect)
+        if not 0.0 <= cpe_dropout < 1.0:
+            raise ValueError(
+                f"cpe_dropout must lie in [0, 1), got {cpe_dropout}: the chance that a training "
+                "sample's whole position encoding is zeroed (C-RADIOv4: 0.1)"
+            )
+        self.cpe_dropout = cpe_dropout
         self.cpe_align_corners = cpe_align_corners
 
         self.grid_side = max_resolution // self.patch_size
@@ -336,7 +351,8 @@ class CPEViT(Student):
 
     # -- CPE ----------------------------------------------------------------------------------
     def position_embeddings(self, batch: int, hw: tuple[int, int]) -> Tensor:
-        """``[B, h, w, D]`` (training: random crop per sample) or ``[1, h, w, D]`` (eval).
+        """``[B, h, w, D]`` (training: random crop per sample, each zeroed with probability
+        ``cpe_dropout``) or ``[1, h, w, D]`` (eval).
 
         Sampled in float32 whatever the parameter dtype (a bf16 mixed-precision policy would
         otherwise round the sampling coordinates); the result is float32.
@@ -345,7 +361,11 @@ class CPEViT(Student):
         grid = self.pos_embed.float().reshape(g, g, -1).permute(2, 0, 1).unsqueeze(0)
         h, w = hw
         if self.training:
-            return self._random_window(grid, batch, h, w).permute(0, 2, 3, 1)
+            window = self._random_window(grid, batch, h, w).permute(0, 2, 3, 1)
+            if self.cpe_dropout > 0.0:
+                keep = torch.rand(batch, 1, 1, 1, device=grid.device) >= self.cpe_dropout
+                window = window * keep
+            return window
         return cpe_eval_window(grid, hw, self.cpe_align_corners).permute(0, 2, 3, 1)
 
     def _random_window(self, grid: Tensor, batch: int, h: int, w: int) -> Tensor:

@@ -84,9 +84,16 @@ class EMAStudent(nn.Module):
         return super().train(False)
 
     @torch.no_grad()
-    def update(self, student: nn.Module, heads: nn.Module) -> None:
+    def update(self, student: nn.Module, heads: nn.Module, trunk: bool = True) -> None:
         """``ema ← decay · ema + (1 − decay) · live`` for every parameter, as one multi-tensor
         lerp; buffers (σReparam's power-iteration vectors) copied, as one multi-tensor copy.
+
+        ``trunk=False`` (a step whose student trunk does not train, ``FreezeBody``): only the
+        heads' EMA follows; the EMA of the trunk, parameters and buffers, is held as it is,
+        so no step is taken toward weights that do not train and the average carried from
+        the earlier stage survives the frozen steps whole ``[choice]`` (the rule: the EMA
+        averages what trains; with the trunk held for 5,000 steps at decay 0.9996, following
+        it would keep only 0.9996^5000 ≈ 13.5 % of the carried average).
 
         Under FSDP2 the EMA is sharded like the live student and heads and paired shard with
         shard. An FSDP2 root keeps its gathered parameters (plain tensors) after a forward
@@ -96,13 +103,14 @@ class EMAStudent(nn.Module):
         pair of another kind, placement, shape or dtype."""
         for module in (self, student, heads):
             _reshard(module)
-        ema = [*self.student.named_parameters(), *self.heads.named_parameters()]
-        live = [*student.parameters(), *heads.parameters()]
+        pairs = [(self.student, student), (self.heads, heads)] if trunk else [(self.heads, heads)]
+        ema = [named for mine, _ in pairs for named in mine.named_parameters()]
+        live = [p for _, theirs in pairs for p in theirs.parameters()]
         check_pairs(ema, live)
         torch._foreach_lerp_([p for _, p in ema], live, 1.0 - self.decay)
-        mine = [*self.student.buffers(), *self.heads.buffers()]
+        mine = [b for own, _ in pairs for b in own.buffers()]
         if mine:
-            torch._foreach_copy_(mine, [*student.buffers(), *heads.buffers()])
+            torch._foreach_copy_(mine, [b for _, theirs in pairs for b in theirs.buffers()])
 
     @torch.no_grad()
     def reset(self, student: nn.Module, heads: nn.Module) -> None:

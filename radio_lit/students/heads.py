@@ -16,6 +16,17 @@ class MLPHead(nn.Module):
     width, the output width the teacher's. ``[..., in_dim] -> [..., out_dim]``. The last
     linear layer is ``self.out`` so export can fold a normalizer's affine map into it
     (PHI-S A.6, eqs. 39-44).
+
+    ``[choice]`` for C-RADIOv4 (notes 1.4, 7.4): this is AM-RADIO's 2-layer head for every
+    teacher, summary and features. NVlabs' released models use their "MLP v2" heads: an
+    optional pre-norm, ``Linear(in -> hidden)``, ``num_inner`` residual blocks
+    ``LayerNorm -> GELU -> Linear(hidden -> hidden)``, then ``LayerNorm -> GELU ->
+    Linear(hidden -> out)`` (optionally a pixel-shuffle upsampling dense head), and v4's
+    release adds an ``attn`` dense head (2 ViT blocks before an MLP v2). This head is MLP v2
+    with no pre-norm and ``num_inner = 0``, so a RADIO-format export loads it as one
+    (:mod:`radio_lit.export.model`); deeper v2 heads and the ``attn`` head are not built: which
+    teacher used which head, their hidden widths and ``num_inner`` are not published (they
+    are read from the released state dicts, notes 6.13).
     """
 
     def __init__(self, in_dim: int, hidden_dim: int, out_dim: int) -> None:

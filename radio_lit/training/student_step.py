@@ -111,6 +111,10 @@ class StudentStep:
         self.mesa = mesa
         self.margin = shifts.margin if shifts is not None else 0.0
         self.streams = {"forward": RankStream(FORWARD_STREAM), "shifts": RankStream(SHIFT_STREAM)}
+        #: Whether this step's trunk gradients are dropped (set before each step by
+        #: :class:`~radio_lit.callbacks.FreezeBody`): the EMA then holds the trunk's average
+        #: (:meth:`follow`) and MESA's backbone-only term is skipped (:meth:`average`).
+        self.trunk_frozen = False
 
     def begin(self, student: Student, step: int, rank: int = 0) -> None:
         """Before training step ``step`` (the optimizer step, restored on resume) on global
@@ -179,13 +183,17 @@ class StudentStep:
 
     def average(self, ema: EMAStudent | None, chunks: Sequence[Chunk]) -> list[EMAView] | None:
         """The EMA student on each chunk's view, without gradient, for the MESA term (report
-        2.3.2; :func:`radio_lit.training.losses.mesa_term`); ``None`` without the EMA or with
-        MESA's weight 0.
+        2.3.2; :func:`radio_lit.training.losses.mesa_term`); ``None`` without the EMA, with
+        MESA's weight 0, or on a step whose trunk is held (:attr:`trunk_frozen`) when MESA
+        applies to the backbone only: its whole gradient would reach the trunk, and be dropped
+        ``[choice]`` (with ``heads`` or ``both`` the heads, which train, get it: it runs).
 
         Each chunk's EMA student sees its own view: its own shift, drawn like the student's
         from this rank's shift stream (unshifted without ``model.shifts`` or with the
         student's view unshifted)."""
         if self.mesa is None or ema is None or not self.mesa.weight > 0:
+            return None
+        if self.trunk_frozen and self.mesa.applies_to == "backbone":
             return None
         views = []
         for chunk in chunks:
@@ -202,9 +210,10 @@ class StudentStep:
             views.append(EMAView(output, shift))
         return views
 
-    @staticmethod
-    def follow(ema: EMAStudent | None, student: nn.Module, heads: nn.Module) -> None:
+    def follow(self, ema: EMAStudent | None, student: nn.Module, heads: nn.Module) -> None:
         """After each optimizer update (not per accumulated batch; the last one included):
-        the EMA student follows the live student and heads (report 2.3.2)."""
+        the EMA student follows the live student and heads (report 2.3.2); on a step whose
+        trunk is held (:attr:`trunk_frozen`) the heads only, the trunk's average held
+        (:meth:`~radio_lit.students.ema.EMAStudent.update`) ``[choice]``."""
         if ema is not None:
-            ema.update(student, heads)
+            ema.update(student, heads, trunk=not self.trunk_frozen)

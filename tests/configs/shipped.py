@@ -3,7 +3,7 @@
 The configs are found by globbing (:func:`benchmarks.gpu_check.shipped_configs`), so a new
 YAML is built by the tests the day it is added. Each is built by ``RadioLitCLI`` as
 ``radio-lit fit`` builds it (:func:`benchmarks.gpu_check.build`, on
-:func:`benchmarks.profile_step.build`), on this machine's one CPU:
+:func:`benchmarks.harness.build`), on this machine's one CPU:
 
 - :func:`built`: the config with its student at its real architecture (a GPU recipe's on the
   meta device: shapes only), its teachers replaced by tiny models of the same families with

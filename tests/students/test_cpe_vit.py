@@ -163,3 +163,79 @@ def test_a_checkpoint_with_the_former_grid_layout_loads():
     fresh.load_state_dict(state)
     assert torch.equal(fresh.pos_embed, student.pos_embed)
     assert fresh.pos_embed.shape == (256, 32)
+
+
+# -- position-embedding dropout (NVlabs' pos_dropout, 0.1 in C-RADIOv4: notes 1.4) -------------
+
+
+def _dropped(pos: torch.Tensor) -> torch.Tensor:
+    """Which samples of ``[B, h, w, D]`` position embeddings are all zero."""
+    return (pos == 0).flatten(1).all(dim=1)
+
+
+def test_cpe_dropout_zeroes_whole_samples_at_rate_p_in_training():
+    p, batch = 0.1, 4000
+    student = tiny_student(cpe_dropout=p).train()
+    plain = tiny_student(cpe_dropout=0.0).train()
+    plain.load_state_dict(student.state_dict())
+    torch.manual_seed(0)
+    pos = student.position_embeddings(batch, (2, 3))
+    torch.manual_seed(0)
+    windows = plain.position_embeddings(batch, (2, 3))  # the same windows: drawn first
+    dropped = _dropped(pos)
+    # binomial(4000, 0.1): mean 400, std 19; 5 std either side
+    assert 305 < int(dropped.sum()) < 495
+    # a dropped sample is zeroed whole; a kept one is its window as is (not rescaled)
+    assert not _dropped(windows).any()
+    assert torch.equal(pos[~dropped], windows[~dropped])
+
+
+def test_cpe_dropout_draws_from_the_rank_forward_stream():
+    """The draw comes from torch's default generator, which a training step swaps for the
+    rank's forward stream: two ranks drop different samples, and the global generator the
+    ranks share is left where it was."""
+    from radio_lit.training.random_streams import RankStream
+
+    student = tiny_student(cpe_dropout=0.5).train()
+    masks = []
+    for rank in (0, 1):
+        stream = RankStream(purpose=1)
+        stream.start(seed=0, rank=rank)
+        torch.manual_seed(7)
+        with stream.active(torch.device("cpu")):
+            masks.append(_dropped(student.position_embeddings(64, (2, 2))))
+        after = torch.rand(4)
+        torch.manual_seed(7)
+        assert torch.equal(after, torch.rand(4))  # the global generator did not move
+    assert not torch.equal(masks[0], masks[1])
+
+
+def test_cpe_dropout_is_off_at_evaluation():
+    student = tiny_student(cpe_dropout=0.5).eval()
+    plain = tiny_student(cpe_dropout=0.0).eval()
+    plain.load_state_dict(student.state_dict())
+    images = torch.randn(64, 3, 32, 32)
+    assert torch.equal(student(images).features, plain(images).features)
+    assert not _dropped(student.position_embeddings(1, (4, 4))).any()
+
+
+def test_the_export_of_a_cpe_dropout_student_is_its_evaluation_forward():
+    from radio_lit.export import module_inference_model
+    from tests.builders import tiny_module
+
+    torch.manual_seed(0)
+    module = tiny_module(student=tiny_student(cpe_dropout=0.5)).eval()
+    exported = module_inference_model(module)
+    images = torch.rand(8, 3, 64, 64)
+    normalized = (images - torch.tensor(module.student.pixel_mean)[:, None, None]) / torch.tensor(
+        module.student.pixel_std
+    )[:, None, None]
+    with torch.no_grad():
+        expected = module.student(normalized).features
+        got = exported(images)["backbone"].features
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cpe_dropout_outside_0_1_is_one_line_naming_the_option():
+    with pytest.raises(ValueError, match=r"cpe_dropout must lie in \[0, 1\), got 1.0"):
+        tiny_student(cpe_dropout=1.0)
