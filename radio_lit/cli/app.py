@@ -33,6 +33,7 @@ from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
+from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import overlay_error
 from radio_lit.cli.results import evaluation_results, results_table
@@ -92,6 +93,15 @@ class RadioLitCLI(LightningCLI):
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         given = kwargs.get("args")
         self.command_line = [str(a) for a in (sys.argv[1:] if given is None else given)]
+        # `--help` prints radio-lit's own options (radio_lit.cli.help); `--help-all`,
+        # LightningCLI's full help.
+        self.short_help = wants_short_help(self.command_line)
+        if FULL_HELP in self.command_line:
+            self.command_line = full_help_argv(self.command_line)
+            if given is None:  # LightningCLI reads sys.argv (given both, it warns)
+                sys.argv[1:] = self.command_line
+            else:
+                kwargs["args"] = self.command_line
         subcommands = self.subcommands()
         if self.command_line and self.command_line[0] in subcommands:
             # Only the parser of the subcommand given (LightningCLI builds all four: ~0.2 s).
@@ -113,7 +123,11 @@ class RadioLitCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse; an unknown option or class name gets the closest known one suggested, an
         overlay config given alone the full config to stack it on
-        (:mod:`radio_lit.cli.overlays`)."""
+        (:mod:`radio_lit.cli.overlays`). ``--help`` prints :func:`short_help` and exits."""
+        if self.short_help:
+            command = self.command_line[0]
+            print(short_help(parser._subcommands_action._name_parser_map[command], command))
+            raise SystemExit(0)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
