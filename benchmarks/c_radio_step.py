@@ -8,8 +8,8 @@ Both sides keep the config's partitions and ViTDet windows (older options), each
 at one resolution (its largest: 64 and 128 px), since the sides draw different random numbers
 and a per-step resolution draw would then differ between them. (The windows' per-step draw,
 ``vitdet_probability``, depends on the seed and step number only: both sides run the same
-steps windowed.) Timing is
-benchmarks/cache.py's: a real ``Trainer`` per fit, the time between consecutive
+steps windowed.) Timing is ``benchmarks/cache.py``'s (``harness.fit_times``): a real
+``Trainer`` per fit, the time between consecutive
 ``on_train_batch_start`` calls, sides interleaved over ``--repeats`` fits, the first
 ``--warmup`` steps of each fit dropped, medians compared; statistics fitted once on one batch
 beforehand (no estimation while timed).
@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-from cache import _in_memory, _quiet, _time_fit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-_ROOT = Path(__file__).resolve().parents[1]
-_CONFIG = str(_ROOT / "configs" / "quickstart-c-radio.yaml")
+from benchmarks import harness  # noqa: E402
+
+_CONFIG = harness.ROOT / "configs" / "quickstart-c-radio.yaml"
 _OFF = {
     "shifts": "--model.shifts=null",
     "mesa": "--model.mesa=null",
@@ -46,39 +48,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _build(*overrides: str) -> Any:
-    from radio_lit.cli.app import RadioLitCLI
-
-    quiet = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.accelerator=cpu"]
-    quiet += [
+def _module(off: list[str]) -> tuple[Any, Any]:
+    """The config's module with the parts ``off`` switched off, and its training batches."""
+    cli = harness.parse(
+        _CONFIG,
+        *harness.BARE_TRAINER,
+        "--trainer.accelerator=cpu",
         "--model.partitions.low.resolutions=[64]",
         "--model.partitions.high.resolutions=[128]",
         "--model.partitions.high.probabilities=null",
-    ]
-    cli = RadioLitCLI(run=False, args=["--config", _CONFIG, *quiet, *overrides])
-    _quiet()
-    return cli
-
-
-def _module(off: list[str]) -> tuple[Any, Any]:
-    """The config's module with the parts ``off`` switched off, and its training batches."""
-    import torch
-
-    from radio_lit.data.views import as_float_images
-
-    cli = _build(*[_OFF[name] for name in off])
-    module, data = cli.model, cli.datamodule
-    data.setup("fit")
-    batch = next(iter(data.train_dataloader()))
-    with torch.no_grad():  # statistics fitted once, on one batch at the student's resolution
-        outputs = module.run_teachers(as_float_images(batch))
-        for name, out in outputs.items():
-            module.normalizers[name].update(out.features.float())
-            module.normalizers[name].fit()
-            if name in module.dispersions:
-                module.dispersions[name].update(out.summary.float())
-                module.dispersions[name].fit()
-    return module, _in_memory([batch] * 64)
+        *[_OFF[name] for name in off],
+    )
+    harness.quiet()
+    batch = harness.first_batch(cli.datamodule)
+    harness.fit_statistics(cli.model, batch)  # once, on one batch
+    return cli.model, harness.in_memory([batch] * 64)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.repeats):
         for name, (module, loader) in built.items():
-            times[name] += _time_fit(module, loader, args.steps, args.warmup)
+            times[name] += harness.fit_times(module, loader, args.steps, args.warmup)
     today = statistics.median(times["today"])
     for name, values in times.items():
         median = statistics.median(values)

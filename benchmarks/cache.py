@@ -25,21 +25,20 @@ bytes per view per teacher and the cache's write rate.
 from __future__ import annotations
 
 import argparse
-import copy
-import logging
 import statistics
+import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
-from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(_ROOT / "configs" / "quickstart.yaml"))
+    parser.add_argument("--config", default=str(harness.QUICKSTART))
     parser.add_argument("--steps", type=int, default=20, help="timed steps per fit (20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per fit (3)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved fits per side (3)")
@@ -50,77 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", ""):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _build(config: str) -> Any:
-    from radio_lit.cli.app import RadioLitCLI
-
-    overrides = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.accelerator=cpu"]
-    cli = RadioLitCLI(run=False, args=["--config", config, *overrides])
-    _quiet()
-    return cli
-
-
-def _fit_normalizers(module: Any, batch: Any) -> None:
-    """Fit every normalizer once on one batch's teacher features (no estimation while timed)."""
-    import torch
-
-    from radio_lit.data.views import as_float_images
-
-    with torch.no_grad():
-        for name, out in module.run_teachers(as_float_images(batch)).items():
-            module.normalizers[name].update(out.features.float())
-            module.normalizers[name].fit()
-    module.estimate_statistics = module.refit_statistics = False
-
-
-def _time_fit(template: Any, loader: Any, steps: int, warmup: int) -> list[float]:
-    """Per-step seconds of one fit of a copy of ``template`` on ``loader``."""
-    import lightning.pytorch as pl
-    import torch
-
-    times: list[float] = []
-
-    class StepTimer(pl.Callback):
-        mark: float | None = None
-
-        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
-            now = time.perf_counter()
-            if self.mark is not None and index > warmup:
-                times.append(now - self.mark)
-            self.mark = now
-
-        def on_train_end(self, trainer: Any, module: Any) -> None:
-            times.append(time.perf_counter() - self.mark)
-
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=warmup + steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[StepTimer()],
-    )
-    torch.manual_seed(0)
-    trainer.fit(copy.deepcopy(template), train_dataloaders=loader)
-    return times
-
-
-def _in_memory(batches: list[Any]) -> Any:
-    """A DataLoader yielding batches already read (no collation, no reading)."""
-    from torch.utils.data import DataLoader
-
-    return DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
@@ -128,14 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     from radio_lit.cache import CachedViews
     from radio_lit.cache.writer import write_cache
 
-    _quiet()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cli = _build(args.config)
+    cli = harness.parse(args.config, *harness.BARE_TRAINER, "--trainer.accelerator=cpu")
+    harness.quiet()
     module, datamodule = cli.model, cli.datamodule
-    datamodule.setup("fit")
+    harness.fit_statistics(module, harness.first_batch(datamodule))
     live = datamodule.train_dataloader()
-    _fit_normalizers(module, next(iter(live)))
 
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
@@ -146,11 +73,11 @@ def main(argv: list[str] | None = None) -> None:
         cached_data.setup("fit")
         cached = cached_data.train_dataloader()
         batches = [b for _, b in zip(range(args.warmup + args.steps), cached, strict=False)]
-        loaders = {"live": live, "cached": cached, "student-only": _in_memory(batches)}
+        loaders = {"live": live, "cached": cached, "student-only": harness.in_memory(batches)}
         times: dict[str, list[float]] = {side: [] for side in loaders}
         for _ in range(args.repeats):
             for side, loader in loaders.items():
-                times[side] += _time_fit(module, loader, args.steps, args.warmup)
+                times[side] += harness.fit_times(module, loader, args.steps, args.warmup)
 
     per_view = ", ".join(f"{k} {v} B" for k, v in manifest.bytes_per_view.items())
     print(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,10 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from timm.optim import Lamb
 from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness  # noqa: E402
 
 
 def _rss() -> int:
@@ -91,15 +96,11 @@ def _measure(model: str, distributed: bool, folder: Path) -> tuple[float, int, i
         save_distributed_checkpoint=distributed,
         timeout=timedelta(minutes=10),
     )
-    trainer = pl.Trainer(
+    trainer = harness.trainer(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy=strategy,
         max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     images = torch.randn(2, 3, 224, 224)
     trainer.fit(Student(model), torch.utils.data.DataLoader([images[0], images[1]], batch_size=1))

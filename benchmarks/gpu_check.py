@@ -2,7 +2,7 @@
 
 Every YAML under ``configs/`` (the stage configs, every recipe, every quickstart, and each
 overlay stacked on the config it documents) is built with radio-lit's own ``RadioLitCLI``
-(:func:`benchmarks.profile_step.build`: random weights, nothing downloaded) on one device,
+(:func:`benchmarks.harness.build`: random weights, nothing downloaded) on one device,
 trained for ``--warmup`` + ``--steps`` optimizer steps with the config's own Trainer,
 strategy (one rank), precision and callbacks (no logger, no checkpoints), and reported as
 one line: pass/fail, median step time, peak memory and what was changed to fit one device.
@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import json
 import resource
 import shutil
 import statistics
@@ -46,6 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import merged, override  # noqa: E402
 
 #: pip packages of the modules radio-lit imports that a bare GPU machine may lack.
 PACKAGES = {
@@ -96,14 +98,30 @@ def shipped_configs(root: Path = ROOT) -> list[ShippedConfig]:
 
     found = []
     for path in sorted((root / "configs").rglob("*.yaml")):
-        raw = load_yaml(path)
+        raw = harness.load_config(path)
         model = raw.get("model") or {}
-        if "data" in raw and model.get("teachers") and model.get("student"):
+        if "data" in raw and (own_module(raw) or (model.get("teachers") and model.get("student"))):
             found.append(ShippedConfig(path, (path,)))
             continue
         base = Path(_base_of(path))  # an overlay's comments name its base from the root
         found.append(ShippedConfig(path, ((base if base.is_absolute() else root / base), path)))
     return found
+
+
+def own_module(raw: dict[str, Any]) -> bool:
+    """Whether a config names a LightningModule of its own (``model: class_path: ...``, e.g.
+    ``configs/featsharp/``: a FeatSharp upsampler's training) rather than a distillation."""
+    return "class_path" in (raw.get("model") or {})
+
+
+def config_teachers(raw: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """``{name: (config key, entry)}`` of a config's teachers: ``model.teachers.<name>``, or
+    the ``teacher`` of a module of its own (:func:`own_module`)."""
+    model = raw.get("model") or {}
+    if own_module(raw):
+        teacher = (model.get("init_args") or {}).get("teacher")
+        return {} if teacher is None else {"teacher": ("--model.init_args.teacher", teacher)}
+    return {n: (f"--model.teachers.{n}", e) for n, e in (model.get("teachers") or {}).items()}
 
 
 def stage_chains(configs: Sequence[ShippedConfig]) -> dict[str, list[ShippedConfig]]:
@@ -120,48 +138,16 @@ def stage_chains(configs: Sequence[ShippedConfig]) -> dict[str, list[ShippedConf
     return {k: v for k, v in chains.items() if len(v) > 1}
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when there
-    loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def merged(files: Sequence[Path]) -> dict[str, Any]:
-    """The raw YAMLs as later ``--config`` files merge into earlier ones (mappings merged key
-    by key, a class entry with another ``class_path`` replaced, lists replaced)."""
-    out: dict[str, Any] = {}
-    for path in files:
-        out = _merge(out, load_yaml(path))
-    return out
-
-
-def _merge(base: Any, over: Any) -> Any:
-    if not isinstance(base, dict) or not isinstance(over, dict):
-        return copy.deepcopy(over)
-    if "class_path" in over and over.get("class_path") != base.get("class_path"):
-        return copy.deepcopy(over)
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
-    return out
-
-
 # ------------------------------------------------------------------------------------------
 # sizes
 # ------------------------------------------------------------------------------------------
-def _arg(key: str, value: Any) -> str:
-    return f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
-
-
 def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
     """Command-line overrides that replace one teacher entry (at config key ``key``, e.g.
     ``--model.teachers.sam3``) by a tiny model of the same family: the same class, hence
     the same name and summary/no-summary, with the test suite's tiny sizes
     (``tests/teachers/tiny.py``). A teacher the config already sizes itself (``model_cfg``,
     ``model_kwargs``, ``encoder_kwargs``) is kept; a wrapper's inner teacher is shrunk alike.
-    Random weights come from :func:`benchmarks.profile_step.build` (no tag, no file)."""
+    Random weights come from :func:`benchmarks.harness.build` (no tag, no file)."""
     from tests.teachers.tiny import (
         TINY_CLIP_CFG,
         TINY_SAM3_CONFIG,
@@ -174,6 +160,11 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
     kind = str(entry.get("class_path", "")).rsplit(".", 1)[-1]
     init = entry.get("init_args") or {}
     args = f"{key}.init_args"
+    if kind == "UpsampledTeacher":  # an untrained upsampler of the tiny teacher
+        return [
+            f"{args}.checkpoint=null",
+            *tiny_teacher_overrides(f"{args}.teacher", init["teacher"]),
+        ]
     if isinstance(init.get("teacher"), dict):  # RescaledTeacher, FixedPatternTeacher
         return tiny_teacher_overrides(f"{args}.teacher", init["teacher"])
     if any(init.get(k) for k in ("model_cfg", "model_kwargs", "encoder_kwargs")):
@@ -188,18 +179,18 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
             cfg["vision_cfg"]["timm_pool"] = vision.get("timm_pool", "")
         else:
             cfg = TINY_CLIP_CFG
-        return [_arg(f"{args}.model_cfg", cfg)]
+        return [override(f"{args}.model_cfg", cfg)]
     if kind in ("DINOv2Teacher", "DINOv3Teacher", "TimmTeacher"):
         if init.get("backend", "timm") != "timm":
             raise ValueError(f"{key}: no tiny stand-in for a {kind} on {init['backend']}")
-        return [_arg(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
+        return [override(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
     if kind == "SAMTeacher":
-        return [f"{args}.model_type=null", _arg(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
+        return [f"{args}.model_type=null", override(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
     if kind == "SAM3Teacher":
         return [
             f"{args}.model=sam3_vision_model",
             f"{args}.pretrained=false",
-            _arg(f"{args}.model_kwargs", TINY_SAM3_CONFIG),
+            override(f"{args}.model_kwargs", TINY_SAM3_CONFIG),
         ]
     raise ValueError(
         f"{key}: no tiny stand-in for {kind}; add one to benchmarks/gpu_check.py "
@@ -208,7 +199,7 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
 
 
 def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
-    """What :func:`benchmarks.profile_step.build`'s ``--teacher-depth`` does not cover: SAM3
+    """What :func:`benchmarks.harness.build`'s ``teacher_depth`` does not cover: SAM3
     from transformers' default ``Sam3VisionConfig`` (SAM3's own architecture; no download)
     with ``depth`` blocks, the last global."""
     kind = str((entry or {}).get("class_path", "")).rsplit(".", 1)[-1]
@@ -219,7 +210,7 @@ def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
     return [
         f"{key}.init_args.model=sam3_vision_model",
         f"{key}.init_args.pretrained=false",
-        _arg(f"{key}.init_args.model_kwargs", {"backbone_config": backbone}),
+        override(f"{key}.init_args.model_kwargs", {"backbone_config": backbone}),
     ]
 
 
@@ -231,9 +222,9 @@ def cpu_student_overrides(raw: dict[str, Any]) -> list[str]:
         return []  # E-RADIO: the quickstart's is tiny already
     init = student.get("init_args") or {}
     key = "--model.student.init_args"
-    out = [_arg(f"{key}.model_kwargs", {**(init.get("model_kwargs") or {}), **CPU_STUDENT})]
+    out = [override(f"{key}.model_kwargs", {**(init.get("model_kwargs") or {}), **CPU_STUDENT})]
     if init.get("vitdet_window_sizes"):
-        out += [_arg(f"{key}.vitdet_window_sizes", [2]), f"{key}.vitdet_num_windowed=1"]
+        out += [override(f"{key}.vitdet_window_sizes", [2]), f"{key}.vitdet_num_windowed=1"]
     return out
 
 
@@ -282,25 +273,21 @@ def one_device_overrides(raw: dict[str, Any], size: str, keep_strategy: bool) ->
     resolutions and the crop (:data:`CPU_CROP`) and trains in float32; ``"build"`` keeps
     them as configured (the recipe's world, for placing them)."""
     trainer = raw.get("trainer") or {}
-    out = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.logger=false"]
+    out, _ = harness.one_device(raw, strategy="one rank" if keep_strategy else "auto")
     out.append("--trainer.enable_checkpointing=false")
-    strategy = trainer.get("strategy")
-    strategy_class = strategy.get("class_path", "") if isinstance(strategy, dict) else ""
-    if not keep_strategy or not strategy_class:
-        out.append("--trainer.strategy=auto")
-    elif strategy_class.endswith("ModelParallelStrategy"):
-        out.append("--trainer.strategy.init_args.data_parallel_size=1")
-    out.append(_arg("--trainer.callbacks", training_callbacks(trainer.get("callbacks"))))
+    out.append(override("--trainer.callbacks", training_callbacks(trainer.get("callbacks"))))
     data = (raw.get("data") or {}).get("init_args") or {}
     batch = int(data.get("batch_size", 8))
     partitions = one_rank_partitions(raw, cpu=size == "cpu") if size != "build" else None
     if partitions is not None:
-        out.append(_arg("--model.partitions", partitions))
+        out.append(override("--model.partitions", partitions))
         batch = sum(p["batch_size"] for p in partitions.values())
     elif size == "cpu":
         batch = CPU_IMAGES_PER_PARTITION
     if size == "cpu":  # torch's CPU kernels lack bf16 antialiased resizing: float32 steps
-        out += [f"--model.student_resolution={CPU_RESOLUTIONS[-1]}", "--trainer.precision=32-true"]
+        out.append("--trainer.precision=32-true")
+        if not own_module(raw):
+            out.append(f"--model.student_resolution={CPU_RESOLUTIONS[-1]}")
     crop = CPU_CROP if size == "cpu" else int(data.get("crop_size", 256))
     out += ["--data=radio_lit.data.SyntheticDataModule", f"--data.init_args.crop_size={crop}"]
     out += [f"--data.init_args.batch_size={batch}", "--data.init_args.num_workers=0"]
@@ -367,21 +354,18 @@ def build(
     build_on_host: bool = False,
     extra: Sequence[str] = (),
 ) -> Any:
-    """``config`` built by ``RadioLitCLI`` (:func:`benchmarks.profile_step.build`) for one
+    """``config`` built by ``RadioLitCLI`` (:func:`benchmarks.harness.build`) for one
     ``device``. ``size``: ``"real"`` (the real widths, teachers shortened to ``teacher_depth``,
     one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
     partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
     partitions and resolutions as configured: with ``student_device="meta"`` the real
     architecture of a GPU recipe's student at no cost). The models are created on ``device``
-    unless ``build_on_host`` (:func:`benchmarks.profile_step.on_device`). ``extra``: more
-    command-line overrides (they come last and win)."""
-    from benchmarks.profile_step import build as profile_build
-
+    unless ``build_on_host`` (:func:`benchmarks.harness.on_device`). ``extra``: more
+    command-line overrides (they come last and win; one training step unless they say
+    otherwise)."""
     raw = merged(config.files)
     overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
-    teachers = (raw.get("model") or {}).get("teachers") or {}
-    for name, entry in teachers.items():
-        key = f"--model.teachers.{name}"
+    for key, entry in config_teachers(raw).values():
         if size in ("cpu", "build"):
             overrides += tiny_teacher_overrides(key, entry)
         elif teacher_depth is not None:
@@ -389,17 +373,16 @@ def build(
     if size == "cpu":
         overrides += cpu_student_overrides(raw)
     overrides += one_device_overrides(raw, size, keep_strategy)
-    options = argparse.Namespace(
-        config=str(config.files[0]),
-        pretrained=False,
-        teacher_depth=teacher_depth if size == "real" else None,
-        warmup=1,
-        steps=1,
-        device=device,
-        build_on_host=build_on_host,
-    )
     with students_on(student_device):
-        return without_saved_config(profile_build(options, [*overrides, *extra]))
+        cli = harness.build(
+            config.files[0],
+            [*overrides, *extra],
+            max_steps=1,
+            device=device,
+            teacher_depth=teacher_depth if size == "real" else None,
+            build_on_host=build_on_host,
+        )
+    return without_saved_config(cli)
 
 
 # ------------------------------------------------------------------------------------------
@@ -469,7 +452,7 @@ def check(
     shipped = cpu_sized(config)
     size = "build" if shipped else "real" if cuda else "cpu"
     depth = args.teacher_depth if size == "real" else None
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = harness.synchronizer(torch.device(args.device))
     steps = args.warmup + args.steps
     cli = None
     try:
@@ -521,6 +504,10 @@ def _first_line(error: BaseException) -> str:
 
 def _sizes_note(cli: Any, depth: int | None, size: str) -> str:
     model = cli.model
+    if not hasattr(model, "student"):  # a module of its own (configs/featsharp): an upsampler
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6
+        batch = cli.datamodule.batch_size
+        return f"{type(model).__name__}, {trained:.2f}M trained params, batch {batch}"
     params = sum(p.numel() for p in model.student.parameters()) / 1e6
     shards = model.partitions.partitions
     batch = sum(p.batch_size or 0 for p in shards.values()) or cli.datamodule.batch_size
@@ -578,12 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; run with --device cpu")
         return 2
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    harness.quiet()
     configs = [c for c in shipped_configs() if args.only is None or args.only in c.name]
     # quickstarts first: they are fast and say whether the machine works at all; then the
     # configs written for GPUs (what a lent GPU is for, ahead of the budget), the stages of a

@@ -1,9 +1,10 @@
 """Where every millisecond of a training step goes: one command, any config, CPU or GPU.
 
 Builds the config (and ``--model... --trainer... --data...`` overrides) with radio-lit's own
-``RadioLitCLI``, at its real sizes with random weights (pretrained tags and checkpoints are
-dropped; ``--teacher-depth K`` keeps every teacher's width and shortens it to K blocks, stated
-in the output), trains it with the config's own Trainer and callbacks for ``--warmup`` steps,
+``RadioLitCLI``, at its real sizes with random weights (``benchmarks/harness.py``: pretrained
+tags and checkpoints are dropped; ``--teacher-depth K`` keeps every teacher's width and shortens
+it to K blocks, stated in the output), labels the step's phases (``benchmarks/phases.py``),
+trains it with the config's own Trainer and callbacks for ``--warmup`` steps,
 then ``--steps`` timed steps, one profiled step, one step whose scalar reads are followed and
 one FLOP-counted step, and prints per phase
 (views, each teacher, student forward, each head, grid matching, normalizers, losses, backward,
@@ -36,24 +37,26 @@ Operation counts do not depend on the machine's load; CPU times do (say so when 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import inspect
-import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.dispatch import ScalarReads, count_events  # noqa: E402
+from benchmarks.phases import (  # noqa: E402
+    OTHER,
+    Driver,
+    PhaseClock,
+    attribute,
+    instrument,
+    uninstrument,
+)
 
 #: Dense bf16 tensor-core peaks (TFLOP/s) from the vendors' data sheets, by device-name part.
 GPU_PEAK_TFLOPS = {
@@ -69,542 +72,8 @@ GPU_PEAK_TFLOPS = {
     "A10": 125.0,
     "L4": 121.0,
 }
-#: segment-anything's ``build_sam_vit_*`` encoders (what ``SAMTeacher(model_type)`` builds).
-SAM_ENCODERS = {
-    kind: dict(
-        img_size=1024,
-        patch_size=16,
-        embed_dim=width,
-        depth=depth,
-        num_heads=16 if width > 768 else 12,
-        mlp_ratio=4.0,
-        out_chans=256,
-        qkv_bias=True,
-        use_rel_pos=True,
-        window_size=14,
-        global_attn_indexes=globals_,
-    )
-    for kind, width, depth, globals_ in (
-        ("vit_b", 768, 12, [2, 5, 8, 11]),
-        ("vit_l", 1024, 24, [5, 11, 17, 23]),
-        ("vit_h", 1280, 32, [7, 15, 23, 31]),
-    )
-}
-OTHER = "Lightning + logging"
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 SCALAR_READS = ("aten::_local_scalar_dense",)
-
-
-# ------------------------------------------------------------------------------------------
-# command line and building
-# ------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Other arguments (--model.*, --trainer.*, --data...) go to radio-lit's parser.",
-    )
-    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    parser.add_argument("--steps", type=int, default=3, help="timed steps (median; default 3)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument(
-        "--teacher-depth",
-        type=int,
-        default=None,
-        help="shorten every teacher to this many blocks, widths kept (CPU runs of real configs)",
-    )
-    parser.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="keep the config's pretrained weights (default: random weights, nothing loaded)",
-    )
-    parser.add_argument("--trace", default=None, help="chrome trace of the profiled step (.json)")
-    parser.add_argument("--top", type=int, default=12, help="top operations by time to print")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    args, overrides = parser.parse_known_args(argv)
-    if args.steps < 1 or args.warmup < 1:
-        parser.error("--steps and --warmup must be >= 1")
-    return args, overrides
-
-
-def _teacher_overrides(name: str, entry: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Random weights and, with ``--teacher-depth``, fewer blocks for one teacher entry."""
-    key = f"--model.teachers.{name}.init_args"
-    init = entry.get("init_args") or {}
-    kind = entry["class_path"].rsplit(".", 1)[-1]
-    parameters = _init_parameters(entry["class_path"])
-    out = []
-    if not args.pretrained:
-        pretrained = init.get("pretrained", getattr(parameters.get("pretrained"), "default", None))
-        if pretrained not in (None, False, inspect.Parameter.empty):
-            out.append(f"{key}.pretrained={'false' if pretrained is True else 'null'}")
-        if init.get("checkpoint"):
-            out.append(f"{key}.checkpoint=null")
-        if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
-            out.append(f"{key}.model={init['model'].split('.')[0]}")  # no pretrained tag
-    depth = args.teacher_depth
-    if depth is None:
-        return out
-    if kind == "OpenCLIPTeacher":
-        import open_clip
-
-        cfg = init.get("model_cfg") or open_clip.get_model_config(init["model_name"])
-        if "timm_model_name" in cfg["vision_cfg"]:  # a timm trunk: shorten_trunk, once built
-            return out
-        cfg = {**cfg, "vision_cfg": {**cfg["vision_cfg"], "layers": depth}}
-        cfg["text_cfg"] = {**cfg["text_cfg"], "layers": min(depth, cfg["text_cfg"]["layers"])}
-        out.append(f"{key}.model_cfg={json.dumps(cfg)}")
-    elif kind == "SAMTeacher":
-        kwargs = init.get("encoder_kwargs") or SAM_ENCODERS[init["model_type"]]
-        kwargs = {**kwargs, "depth": depth, "global_attn_indexes": [depth - 1]}
-        out += [f"{key}.model_type=null", f"{key}.encoder_kwargs={json.dumps(kwargs)}"]
-    elif "model_kwargs" in parameters:
-        kwargs = {**(init.get("model_kwargs") or {}), "depth": depth}
-        out.append(f"{key}.model_kwargs={json.dumps(kwargs)}")
-    else:
-        print(f"note: teacher {name} ({kind}) kept at full depth")
-    return out
-
-
-def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
-    module, name = class_path.rsplit(".", 1)
-    return inspect.signature(getattr(importlib.import_module(module), name)).parameters
-
-
-def return_freed_memory() -> None:
-    """Let glibc give freed tensors back to the OS at once (allocations of 64 KiB and more are
-    mapped, the threshold fixed): a built-then-shortened teacher (SigLIP2-g: 4 GiB) does not
-    stay resident while the steps run, nor ``train_step.py``'s first side while its second
-    runs (CPU machines)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if sys.platform.startswith("linux") and name:
-        ctypes.CDLL(name).mallopt(-3, 65536)  # M_MMAP_THRESHOLD
-
-
-def on_device(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
-    """Where :func:`build` creates the models' tensors: on a GPU (``--device cuda``) the
-    default device is the GPU, so that random initialisation of billions of teacher and
-    student weights runs there (tens of seconds per recipe on the host's cores otherwise);
-    ``args.build_on_host`` (or a CPU run) keeps the host. A library that moves its model back
-    to the host itself (open_clip's ``create_model``) is moved to the GPU by the Trainer."""
-    import torch
-
-    if args.device != "cuda" or getattr(args, "build_on_host", False):
-        return contextlib.nullcontext()
-    return torch.device("cuda")
-
-
-def build(args: argparse.Namespace, overrides: list[str], extra_steps: int = 4) -> Any:
-    """The ``RadioLitCLI`` of the config with random weights and the profiler's overrides,
-    its models created on the run's device (:func:`on_device`); ``max_steps`` is
-    ``--warmup + --steps + extra_steps``; its evaluation measures are left out of the trainer.
-    With ``--teacher-depth``, teachers whose config cannot set their depth (open_clip's timm
-    trunks) are shortened once built."""
-    import yaml
-
-    from radio_lit.cli.app import RadioLitCLI
-    from radio_lit.evaluation.base import Evaluation
-
-    config = yaml.safe_load(Path(args.config).read_text())
-    model = config.get("model", {})
-    extra = []
-    for name, entry in (model.get("teachers") or {}).items():
-        extra += _teacher_overrides(name, entry, args)
-    student = (model.get("student") or {}).get("init_args") or {}
-    if not args.pretrained and student.get("pretrained"):
-        extra.append("--model.student.init_args.pretrained=false")
-    root = tempfile.mkdtemp(prefix="profile_step_")
-    extra += [
-        # profile_step: + the profiled step, the scalar-read step, a gap, the FLOP step
-        f"--trainer.max_steps={args.warmup + args.steps + extra_steps}",
-        f"--trainer.default_root_dir={root}",
-        "--trainer.enable_model_summary=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.num_sanity_val_steps=0",
-        "--trainer.limit_val_batches=0",
-        f"--trainer.accelerator={args.device}",
-    ]
-    if config.get("trainer", {}).get("logger"):
-        extra.append(f"--trainer.logger.init_args.save_dir={root}")
-    with on_device(args):
-        cli = RadioLitCLI(run=False, args=["--config", args.config, *extra, *overrides])
-    # The config's evaluation measures are built (their errors are the config's) but not run:
-    # they run at the end of fit, after the steps measured here.
-    cli.trainer.callbacks[:] = [c for c in cli.trainer.callbacks if not isinstance(c, Evaluation)]
-    if args.teacher_depth is not None:
-        for name, teacher in cli.model.teachers.items():
-            shorten_trunk(name, teacher, args.teacher_depth)
-    return cli
-
-
-def shorten_trunk(name: str, teacher: Any, depth: int) -> None:
-    """Keep the first ``depth`` blocks of an open_clip teacher's timm trunk (SigLIP's: open_clip
-    builds it at the timm model's own depth, which its config cannot set); widths kept."""
-    trunk = getattr(getattr(teacher, "model", None), "trunk", None)
-    blocks = getattr(trunk, "blocks", None)
-    if blocks is not None and len(blocks) > depth:
-        trunk.blocks = blocks[:depth]
-        if isinstance(getattr(trunk, "feature_info", None), list):
-            trunk.feature_info = trunk.feature_info[:depth]
-        print(f"note: teacher {name} (open_clip timm trunk) shortened to {depth} blocks once built")
-
-
-# ------------------------------------------------------------------------------------------
-# phases
-# ------------------------------------------------------------------------------------------
-class PhaseClock:
-    """Exclusive time, operation and FLOP attribution to nested named phases.
-
-    ``mode``: ``"time"`` (device-synchronised wall time at every boundary), ``"profile"``
-    (``record_function`` labels only) or ``"flops"`` (deltas of a ``FlopCounterMode``'s total).
-    """
-
-    def __init__(self, sync: Callable[[], None]) -> None:
-        self.sync = sync
-        self.mode: str | None = None
-        self.flop_counter: Any = None
-        self.stack: list[list[Any]] = []  # [name, start, child_total]
-        self.times: dict[str, float] = defaultdict(float)
-        self.flops: dict[str, float] = defaultdict(float)
-
-    def _now(self) -> float:
-        if self.mode == "flops":
-            return float(self.flop_counter.get_total_flops())
-        self.sync()
-        return time.perf_counter()
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self.mode is None:
-            yield
-            return
-        if self.mode == "profile":
-            import torch
-
-            with torch.profiler.record_function(f"phase: {name}"):
-                yield
-            return
-        self.stack.append([name, self._now(), 0.0])
-        try:
-            yield
-        finally:
-            _, start, children = self.stack.pop()
-            spent = self._now() - start
-            target = self.flops if self.mode == "flops" else self.times
-            target[name] += spent - children
-            if self.stack:
-                self.stack[-1][2] += spent
-
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*a: Any, **k: Any) -> Any:
-            with self.phase(name):
-                return fn(*a, **k)
-
-        return timed
-
-    def hook_module(self, name: str, module: Any) -> None:
-        """``name`` covers ``module``'s forward (pre and post forward hooks)."""
-        contexts: list[Any] = []
-
-        def pre(*_: Any) -> None:
-            context = self.phase(name)
-            context.__enter__()
-            contexts.append(context)
-
-        def post(*_: Any) -> None:
-            contexts.pop().__exit__(None, None, None)
-
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
-
-
-#: The module-level names :func:`instrument` wrapped, with their originals: ``(module, name,
-#: original)``; :func:`uninstrument` puts them back (an in-process caller, e.g. a test).
-_PATCHED: list[tuple[Any, str, Any]] = []
-
-
-def _patch(code: Any, name: str, clock: PhaseClock, phase: str) -> None:
-    """``code.<name>`` labelled as ``phase`` until :func:`uninstrument`."""
-    original = getattr(code, name)
-    _PATCHED.append((code, name, original))
-    setattr(code, name, clock.wrap(phase, original))
-
-
-def uninstrument() -> None:
-    """Undo :func:`instrument`'s patches of module-level names (the built objects' patches
-    go with them)."""
-    while _PATCHED:
-        code, name, original = _PATCHED.pop()
-        setattr(code, name, original)
-
-
-def instrument(cli: Any, clock: PhaseClock) -> None:
-    """Label the step's phases (benchmark-only patches of the built objects and names;
-    :func:`uninstrument` undoes those of names)."""
-    import radio_lit.training.losses as losses_code
-    import radio_lit.training.matching as matching_code
-    import radio_lit.training.student_step as student_step_code
-    import radio_lit.training.teachers as teachers_code
-
-    module = cli.model
-    _patch(teachers_code, "outer_view", clock, "views")
-    _patch(student_step_code, "teacher_view", clock, "views")
-    instrument_student_step(module, clock)
-    _patch(teachers_code, "to_loss_grid", clock, "grid matching")
-    _patch(matching_code, "match_teachers", clock, "grid matching")
-    _patch(losses_code, "balanced_loss", clock, "losses")
-    _patch(losses_code, "idle_heads_term", clock, "losses")
-    module.normalized_targets = clock.wrap("normalizers", module.normalized_targets)
-    module.distillation_losses = clock.wrap("losses", module.distillation_losses)
-    for name, teacher in module.teachers.items():
-        clock.hook_module(f"teacher {name}", teacher)
-    clock.hook_module("student forward", module.student)
-    for name, pair in module.heads.items():
-        for head in (pair.features, pair.summary):
-            if head is not None:
-                clock.hook_module(f"head {name}", head)
-    for callback in cli.trainer.callbacks:
-        if type(callback).__name__ == "NonFiniteGuard":
-            for hook in ("on_train_batch_start", "on_before_optimizer_step"):
-                setattr(callback, hook, clock.wrap("guard", getattr(callback, hook)))
-
-
-def instrument_student_step(module: Any, clock: PhaseClock) -> None:
-    """C-RADIOv4's parts around the student (radio_lit.training.student_step): the view shifts
-    (drawn
-    on the host, views cut from the crop, maps moved back to the region's frame: "shifts",
-    the resizes: "views"), DAMP's noise (inside "student forward"), the EMA student's forward
-    (MESA's) and its update after each optimizer step, and the MESA term ("losses")."""
-    import radio_lit.geometry.shifts as shifts_code
-    import radio_lit.students.ema as ema_code
-    import radio_lit.training.losses as losses_code
-    import radio_lit.training.matching as matching_code
-    import radio_lit.training.teachers as teachers_code
-    import radio_lit.training.views as views_code
-
-    _patch(shifts_code, "outer_view", clock, "views")
-    for code in (shifts_code, teachers_code):
-        _patch(code, "cut_view", clock, "shifts")
-    for code in (teachers_code, matching_code, ema_code):
-        _patch(code, "to_crop_frame", clock, "shifts")
-    _patch(losses_code, "mesa_loss", clock, "losses")
-    _patch(views_code, "shifted_chunks", clock, "shifts")
-    step = module.student_step
-    if step.damp is not None:
-        step.damp.apply = clock.wrap("DAMP", step.damp.apply)
-    if module.ema is not None:
-        clock.hook_module("EMA forward", module.ema.student)
-        for pair in module.ema.heads.values():
-            for head in (pair.features, pair.summary):
-                if head is not None:
-                    clock.hook_module("EMA forward", head)
-        module.ema.update = clock.wrap("EMA update", module.ema.update)
-
-
-# ------------------------------------------------------------------------------------------
-# the run
-# ------------------------------------------------------------------------------------------
-class Driver:
-    """A Lightning callback that times, profiles and FLOP-counts chosen steps.
-
-    ``extras``: what follows the timed and profiled steps, ``"reads"`` (scalar reads) and
-    ``"flops"`` (the FLOP step); benchmarks/train_step.py asks for neither.
-    """
-
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        clock: PhaseClock,
-        device: Any,
-        extras: tuple[str, ...] = ("reads", "flops"),
-    ) -> None:
-        self.args, self.clock, self.device, self.extras = args, clock, device, extras
-        self.step_times: list[float] = []
-        self.phase_times: list[dict[str, float]] = []
-        self.step_flops: dict[str, float] = {}
-        self.profile: Any = None
-        self.scalar_reads = ScalarReads()
-        self.start = 0.0
-        self.backward: Any = None  # the open "backward" phase
-        self.batch_shape: tuple[int, ...] = ()
-
-    def schedule(self, step: int) -> str | None:
-        timed = self.args.warmup + self.args.steps
-        if self.args.warmup <= step < timed:
-            return "time"
-        # scalar reads are counted on step timed + 1, until the next step starts (its logging
-        # comes after its last callback), then a gap: dispatch modes nest, they do not overlap
-        if step == timed + 3 and "flops" in self.extras:
-            return "flops"
-        return "profile" if step == timed else None
-
-    def callback(self) -> Any:
-        from lightning.pytorch.callbacks import Callback
-
-        driver = self
-
-        class _Callback(Callback):
-            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-                optimizer = trainer.optimizers[0]
-                original = optimizer.step
-
-                def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-                    loss = closure() if closure is not None else None  # forward and backward
-                    with driver.clock.phase("optimizer"):
-                        original(**kwargs)
-                    return loss
-
-                optimizer.step = step
-                driver.begin(trainer.global_step)
-
-            def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int):
-                if hasattr(batch, "shape"):
-                    driver.batch_shape = tuple(batch.shape)
-                driver.count_reads(trainer.global_step, pl_module, batch)
-
-            def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-                driver.backward = driver.clock.phase("backward")
-                driver.backward.__enter__()
-
-            def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-                driver.backward.__exit__(None, None, None)
-
-            def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
-                driver.end()
-                driver.begin(trainer.global_step)
-
-        return _Callback()
-
-    def count_reads(self, step: int, module: Any, batch: Any) -> None:
-        """Count scalar reads from the start of the step after the profiled one (its batch on
-        the device) to the start of the next: the step, its logging, the next batch's loading
-        (a step of its own: following tensors slows every operation)."""
-        import torch
-
-        profiled = self.args.warmup + self.args.steps + 1
-        if "reads" not in self.extras:
-            return
-        if step == profiled:
-            self.scalar_reads.__enter__()
-            batch = [batch] if isinstance(batch, torch.Tensor) else []
-            self.scalar_reads.track(*module.parameters(), *module.buffers(), *batch)
-        elif step == profiled + 1:
-            self.scalar_reads.__exit__(None, None, None)
-
-    def time_data(self, datamodule: Any) -> None:
-        """Time ``next()`` on the training data loader as "data wait"."""
-        clock, make = self.clock, datamodule.train_dataloader
-
-        def train_dataloader() -> Any:
-            loader = make()
-            cls = type(loader)
-
-            def __iter__(this: Any) -> Iterator[Any]:  # noqa: N807
-                iterator = cls.__iter__(this)
-                while True:
-                    with clock.phase("data wait"):
-                        try:
-                            item = next(iterator)
-                        except StopIteration:
-                            return
-                    yield item
-
-            loader.__class__ = type(f"Timed{cls.__name__}", (cls,), {"__iter__": __iter__})
-            return loader
-
-        datamodule.train_dataloader = train_dataloader
-
-    def begin(self, step: int) -> None:
-        """Start measuring step ``step``: from the end of the one before (data wait included)."""
-        mode = self.schedule(step)
-        self.clock.mode = mode
-        self.clock.times.clear()
-        self.clock.flops.clear()
-        if mode == "profile":
-            self.profile = start_profile(self.device)
-        elif mode == "flops":
-            from torch.utils.flop_counter import FlopCounterMode
-
-            mapping = _cpu_sdpa_mapping()
-            self.clock.flop_counter = FlopCounterMode(display=False, custom_mapping=mapping)
-            self.clock.flop_counter.__enter__()
-        self.clock.sync()
-        self.start = time.perf_counter()
-
-    def end(self) -> None:
-        mode = self.clock.mode
-        self.clock.sync()
-        total = time.perf_counter() - self.start
-        if mode == "time":
-            self.step_times.append(total)
-            self.phase_times.append(dict(self.clock.times))
-        elif mode == "profile":
-            self.profile.__exit__(None, None, None)
-        elif mode == "flops":
-            self.clock.flop_counter.__exit__(None, None, None)
-            self.step_flops = dict(self.clock.flops)
-            self.step_flops["total"] = float(self.clock.flop_counter.get_total_flops())
-        self.clock.mode = None
-
-
-def start_profile(device: Any) -> Any:
-    """An entered ``torch.profiler.profile`` of CPU (and, on CUDA, device) activity that
-    records input shapes and dtypes (the bytes of copies: :func:`copy_counts`)."""
-    import torch
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profile = torch.profiler.profile(activities=activities, record_shapes=True)
-    profile.__enter__()
-    return profile
-
-
-def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_sdpa_backward_flops(grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any):
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad, query, key, value)
-
-
-def _cpu_sdpa_mapping() -> dict[Any, Any]:
-    """FlopCounterMode's formulas for SDPA's CPU kernel, which torch's registry lacks (it counts
-    the CUDA kernels and the math path: without these, attention FLOPs vanish on a CPU)."""
-    import torch
-
-    aten = torch.ops.aten
-    return {
-        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
-    }
-
-
-def attribute(events: list[Any]) -> dict[str, dict[str, Any]]:
-    """Per phase: its events (innermost ``phase:`` label; backward threads are "backward")."""
-    by_phase: dict[str, list[Any]] = defaultdict(list)
-    main_thread = next((e.thread for e in events if e.name.startswith("phase: ")), None)
-    for event in events:
-        if event.name.startswith("phase: "):
-            continue
-        parent, phase = event.cpu_parent, None
-        while parent is not None:
-            if parent.name.startswith("phase: "):
-                phase = parent.name.removeprefix("phase: ")
-                break
-            parent = parent.cpu_parent
-        if phase is None:
-            phase = "backward" if event.thread != main_thread else OTHER
-        by_phase[phase].append(event)
-    return by_phase
 
 
 def _launches(events: list[Any]) -> int:
@@ -613,45 +82,6 @@ def _launches(events: list[Any]) -> int:
 
 def _syncs(events: list[Any]) -> int:
     return sum(1 for e in events if e.name in SCALAR_READS or e.name in SYNC_CALLS)
-
-
-#: Bytes per element of the dtype names the profiler records (``input_dtypes``).
-ELEMENT_BYTES = {
-    "double": 8,
-    "float": 4,
-    "c10::BFloat16": 2,
-    "c10::Half": 2,
-    "long int": 8,
-    "int": 4,
-    "short int": 2,
-    "signed char": 1,
-    "unsigned char": 1,
-    "bool": 1,
-    "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1,
-    "c10::complex<float>": 8,
-    "c10::complex<double>": 16,
-}
-
-
-def copy_counts(events: list[Any]) -> tuple[int, int, int]:
-    """``(copies, casts, bytes)`` among a profiler's events (recorded with shapes):
-    ``aten::copy_`` calls (nested ones included: a cast, ``contiguous`` or ``clone`` copies
-    through one), ``aten::_to_copy`` calls (dtype or device casts) and the bytes the copies
-    read and write (source and destination, each ``numel x element size``)."""
-    copies = casts = moved = 0
-    for event in events:
-        if event.name == "aten::_to_copy":
-            casts += 1
-        elif event.name == "aten::copy_":
-            copies += 1
-            shapes, dtypes = event.input_shapes or [], event.input_dtypes or []
-            for shape, dtype in list(zip(shapes, dtypes, strict=False))[:2]:
-                numel = 1
-                for side in shape:
-                    numel *= side
-                moved += numel * ELEMENT_BYTES.get(dtype, 4)
-    return copies, casts, moved
 
 
 def device_peak(device: Any) -> tuple[float, str]:
@@ -670,7 +100,7 @@ def device_peak(device: Any) -> tuple[float, str]:
     a = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(2):
         a @ a
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = harness.synchronizer(device)
     sync()
     start, repeats = time.perf_counter(), 3 if device.type == "cpu" else 20
     for _ in range(repeats):
@@ -839,23 +269,40 @@ def report(args: argparse.Namespace, cli: Any, driver: Driver, notes: list[str])
         print(f"note: {note}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    import logging
-    import warnings
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = harness.step_arguments(__doc__, "timed steps (median; default 3)")
+    parser.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="keep the config's pretrained weights (default: random weights, nothing loaded)",
+    )
+    parser.add_argument("--trace", default=None, help="chrome trace of the profiled step (.json)")
+    parser.add_argument("--top", type=int, default=12, help="top operations by time to print")
+    args, overrides = parser.parse_known_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be >= 1")
+    return args, overrides
 
+
+def main(argv: list[str] | None = None) -> None:
     import torch
 
     args, overrides = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    return_freed_memory()
-    cli = build(args, overrides)
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    harness.return_freed_memory()
+    cli = harness.build(
+        args.config,
+        overrides,
+        # + the profiled step, the scalar-read step, a gap, the FLOP step (Driver.schedule)
+        max_steps=args.warmup + args.steps + 4,
+        device=args.device,
+        pretrained=args.pretrained,
+        teacher_depth=args.teacher_depth,
+    )
+    harness.quiet()
     device = torch.device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    clock = PhaseClock(sync)
+    clock = PhaseClock(harness.synchronizer(device))
     instrument(cli, clock)
     driver = Driver(args, clock, device)
     cli.trainer.callbacks.append(driver.callback())

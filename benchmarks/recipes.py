@@ -22,32 +22,30 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from radio_lit.cli.app import RadioLitCLI
-from radio_lit.module import DistillationModule
-from radio_lit.teachers import SAMTeacher
-from radio_lit.training.partitions import Partition
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+from benchmarks import harness  # noqa: E402
+from radio_lit.module import DistillationModule  # noqa: E402
+from radio_lit.teachers import SAMTeacher  # noqa: E402
+from radio_lit.training.partitions import Partition  # noqa: E402
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeats`` runs, after one warm-up run."""
     fn()
-    times = []
+    sync, times = harness.synchronizer(device), []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync()
         start = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -101,8 +99,7 @@ def sam_mosaic(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def quickstart(*overrides: str) -> DistillationModule:
-    cli = RadioLitCLI(args=["--config", str(QUICKSTART), *overrides], run=False)
-    return cli.model
+    return harness.parse(harness.QUICKSTART, *harness.BARE_TRAINER, *overrides).model
 
 
 def partitions(args: argparse.Namespace, device: torch.device) -> None:
@@ -170,7 +167,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
+    harness.quiet()
     device = torch.device(args.device)
     torch.manual_seed(0)
     print(f"device {device}, torch threads {torch.get_num_threads()}, repeats {args.repeats}")

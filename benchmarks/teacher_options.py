@@ -1,6 +1,6 @@
 """Teachers' speed options (``speed:``) against the teacher as configured, in one command.
 
-Builds a config's teachers (random weights, as ``benchmarks/profile_step.py`` builds them;
+Builds a config's teachers (random weights, as ``benchmarks/harness.py`` builds them;
 ``--teacher-depth K`` keeps widths and shortens every teacher to K blocks) and, per teacher,
 runs each option on the same crops of the shipped photographs (``radio_lit:sample_images``):
 
@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.dispatch import count_events  # noqa: E402
 
 BACKENDS = ("flash", "cudnn", "efficient", "math")
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Other arguments (--model.*, --trainer.*) go to radio-lit's parser.",
     )
-    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    parser.add_argument("--config", default=str(harness.QUICKSTART))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--teacher-depth", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's")
@@ -82,43 +82,27 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 # ------------------------------------------------------------------------------------------
 def build(args: argparse.Namespace, overrides: list[str]) -> Any:
     """The config's ``RadioLitCLI`` (``run=False``) with random weights (and
-    ``--teacher-depth``), one device, the shipped photographs as data."""
-    import yaml
-
-    from benchmarks.profile_step import build as build_cli
-
-    config = yaml.safe_load(Path(args.config).read_text())
+    ``--teacher-depth``), one device, the shipped photographs as data
+    (:mod:`benchmarks.harness`)."""
+    config = harness.load_config(args.config)
     data = (config.get("data") or {}).get("init_args") or {}
     args.batch_size = args.batch_size or int(data.get("batch_size", 8))
     args.crop = int(data.get("crop_size", 256))
     precision = "bf16-mixed" if args.device == "cuda" else "32-true"
-    options = argparse.Namespace(
-        config=args.config,
-        pretrained=False,
-        teacher_depth=args.teacher_depth,
-        warmup=1,
-        steps=max(args.fidelity_steps, 1),
-        device=args.device,
-    )
-    return build_cli(
-        options,
+    trainer, _ = harness.one_device(config, strategy="auto")
+    repeats = max(1, args.batch_size * args.fidelity_steps // 10 + 1)
+    return harness.build(
+        args.config,
         [
-            "--trainer.devices=1",
-            "--trainer.num_nodes=1",
-            "--trainer.strategy=auto",
+            *trainer,
+            *harness.BARE_TRAINER,
             f"--trainer.precision={precision}",
-            "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false",
-            "--trainer.callbacks=[]",
-            "--data=radio_lit.data.ImageFolderDataModule",
-            "--data.train_dir=radio_lit:sample_images",
-            "--data.val_dir=radio_lit:sample_images",
-            f"--data.crop_size={args.crop}",
-            f"--data.batch_size={args.batch_size}",
-            "--data.num_workers=0",
-            f"--data.repeats={max(1, args.batch_size * args.fidelity_steps // 10 + 1)}",
+            *harness.photographs(args.crop, args.batch_size, repeats, validation=True),
             *overrides,
         ],
+        max_steps=max(args.fidelity_steps, 1),
+        device=args.device,
+        teacher_depth=args.teacher_depth,
     )
 
 
@@ -159,32 +143,27 @@ class Row:
     note: str = ""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(
     option: str, run: Callable[[], Any], reference: Any, args: argparse.Namespace, device: Any
 ) -> tuple[Row, Any]:
     """``run()`` once (its outputs are compared), ``--warmup`` more (at least one), ``--iters``
     timed; one profiled."""
-    row = Row(option)
+    row, sync = Row(option), harness.synchronizer(device)
     out = run()
     for _ in range(max(1, args.warmup)):  # the second call compiles after an attention check
         run()
     times = []
     for _ in range(args.iters):
-        _sync(device)
+        sync()
         start = time.perf_counter()
         run()
-        _sync(device)
+        sync()
         times.append((time.perf_counter() - start) * 1e3)
     row.ms = statistics.median(times)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
-        _sync(device)
+        sync()
     events = prof.events()
     row.top_level = count_events(events).top_level
     row.launches = sum(1 for e in events if "LaunchKernel" in e.name or e.name == "cudaGraphLaunch")
@@ -320,15 +299,10 @@ def fidelity_runs(cli: Any, pristine: Any, args: argparse.Namespace) -> dict[str
             for teacher in module.teachers.values():
                 teacher.freeze(teacher.channels_last, TeacherSpeed(fp8="rowwise"))
         pl.seed_everything(0)
-        trainer = pl.Trainer(
+        trainer = harness.trainer(
             accelerator=args.device,
-            devices=1,
             precision=cli.trainer.precision,
             max_steps=steps,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             num_sanity_val_steps=0,
             limit_val_batches=0,
             callbacks=[TeacherStatsEstimation(steps=max(1, steps // 3), refit_every=5)],
@@ -337,14 +311,7 @@ def fidelity_runs(cli: Any, pristine: Any, args: argparse.Namespace) -> dict[str
         if eager_teachers is None:
             eager_teachers = module.teachers
         module.teachers = eager_teachers  # validated against the eager teachers' outputs
-        check = pl.Trainer(
-            accelerator=args.device,
-            devices=1,
-            precision=cli.trainer.precision,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        check = harness.trainer(accelerator=args.device, precision=cli.trainer.precision)
         results[label] = check.validate(module, datamodule=cli.datamodule, verbose=False)[0]
     names = list(pristine.teachers)
     print(f"\nfidelity after {steps} steps, validated against the eager teachers (PHI-S eq. 51)")

@@ -1,9 +1,10 @@
 """radio-lit's training step against a plain PyTorch loop, phase by phase, for any config.
 
 Both sides are built from one config by radio-lit's own parser at the config's real widths with
-random weights (``benchmarks/profile_step.py``'s ``build``: pretrained tags and checkpoints
+random weights (``benchmarks/harness.py``'s ``build``: pretrained tags and checkpoints
 dropped; ``--teacher-depth K`` shortens every teacher to K blocks, widths kept), and train on
-one batch of the config's data, in one process:
+one batch of the config's data, in one process, their phases labelled by
+``benchmarks/phases.py`` as ``profile_step.py``'s:
 
 * **radio-lit**: the config's own Trainer fits the ``DistillationModule`` with the config's
   callbacks less those that change what a steady-state step does or need a logger (statistics
@@ -62,16 +63,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.dispatch import count_events  # noqa: E402
-from benchmarks.profile_step import (  # noqa: E402
+from benchmarks.phases import (  # noqa: E402
     OTHER,
     Driver,
     PhaseClock,
     attribute,
-    build,
     copy_counts,
     instrument,
-    return_freed_memory,
     start_profile,
     uninstrument,
 )
@@ -91,28 +91,13 @@ LISTED = 8
 # command line and building
 # ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Other arguments (--model.*, --trainer.*, --data...) go to radio-lit's parser.",
-    )
-    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per side (default 3)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument(
-        "--teacher-depth",
-        type=int,
-        default=None,
-        help="shorten every teacher to this many blocks, widths kept (CPU runs of real configs)",
-    )
+    parser = harness.step_arguments(__doc__, "timed steps per side (default 3)")
     parser.add_argument(
         "--batch-size",
         type=int,
         default=None,
         help="images per step (default: the config's; 2 on a CPU when its data is replaced)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0, help="random state of both first steps")
     parser.add_argument(
         "--teachers-on-fake-cuda",
@@ -121,7 +106,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "autocast against the plain library call, counted on fake CUDA tensors (no GPU)",
     )
     args, overrides = parser.parse_known_args(argv)
-    args.pretrained = False  # profile_step.build: random weights, nothing loaded
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
     if not Path(args.config).is_file():
@@ -129,111 +113,26 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-#: Passes over the shipped photographs (10) per epoch: 640 random crops, more than a batch.
-PHOTO_REPEATS = 64
-
-
 def device_overrides(
     config: dict[str, Any], args: argparse.Namespace
 ) -> tuple[list[str], list[str]]:
     """Overrides that run ``config`` on one device of ``args.device`` (module docstring), and
-    notes saying what they changed."""
-    trainer, model, data = (config.get(k) or {} for k in ("trainer", "model", "data"))
-    out = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.logger=false"]
-    notes: list[str] = []
-    strategy = trainer.get("strategy")
-    strategy_path = strategy.get("class_path", "") if isinstance(strategy, dict) else ""
-    if args.device == "cpu":
-        if strategy not in (None, "auto"):
-            out.append("--trainer.strategy=auto")
-            notes.append("strategy auto (one CPU process)")
-        if str(trainer.get("precision", "32-true")) not in ("32", "32-true"):
-            out.append("--trainer.precision=32-true")
-            notes.append(f"precision 32-true instead of {trainer['precision']}")
-        for name, entry in (model.get("teachers") or {}).items():
-            if (entry.get("init_args") or {}).get("dtype") in ("bfloat16", "float16"):
-                out.append(f"--model.teachers.{name}.init_args.dtype=float32")
-                notes.append(f"teacher {name} in float32")
-    elif strategy_path.endswith("ModelParallelStrategy"):
-        out += [
-            "--trainer.strategy.init_args.data_parallel_size=1",
-            "--trainer.strategy.init_args.tensor_parallel_size=1",
-        ]
+    notes saying what they changed: on a CPU one process in float32, on CUDA one rank of the
+    config's strategy; a config whose data is not local gets the shipped photographs."""
+    cpu = args.device == "cpu"
+    strategy = "auto" if cpu else "one rank"
+    out, notes = harness.one_device(config, strategy=strategy, float32=cpu)
+    data = config.get("data") or {}
     batch = args.batch_size
     if not str(data.get("class_path", "")).endswith(LOCAL_DATA):
         crop = (data.get("init_args") or {}).get("crop_size", 384)
-        out += [
-            "--data=radio_lit.data.ImageFolderDataModule",
-            "--data.init_args.train_dir=radio_lit:sample_images",
-            f"--data.init_args.crop_size={crop}",
-            "--data.init_args.num_workers=0",
-            # 64 passes over the 10 photographs: a GPU batch (stage 1: 32) needs more than 10
-            f"--data.init_args.repeats={PHOTO_REPEATS}",
-        ]
-        notes.append(f"data: the shipped photographs, {crop} px crops")
-        if batch is None and args.device == "cpu":
+        if batch is None and cpu:
             batch = 2
-    if batch is not None:
+        out += harness.photographs(crop, batch)
+        notes.append(f"data: the shipped photographs, {crop} px crops")
+    elif batch is not None:
         out.append(f"--data.init_args.batch_size={batch}")
     return out, notes
-
-
-def quiet() -> None:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def first_batch(cli: Any) -> Any:
-    """One batch of the config's training data (uint8 crops on the CPU)."""
-    datamodule = cli.datamodule
-    datamodule.setup("fit")
-    return next(iter(datamodule.train_dataloader()))
-
-
-def make_loader(batch: Any, length: int) -> Any:
-    """A DataLoader yielding the same pre-built batch ``length`` times (no collation)."""
-    from torch.utils.data import DataLoader, Dataset
-
-    class SameBatch(Dataset):
-        def __len__(self) -> int:
-            return length
-
-        def __getitem__(self, index: int) -> Any:
-            return batch
-
-    return DataLoader(SameBatch(), batch_size=None, shuffle=False, num_workers=0)
-
-
-def fit_statistics(module: Any, batch: Any, device: Any) -> None:
-    """Fit every teacher statistic (normalizers; summary dispersions) once on ``batch``'s
-    teacher outputs on the loss grid, and switch estimation off: neither side estimates."""
-    import torch
-
-    from radio_lit.data.views import as_float_images
-    from radio_lit.normalizers.statistics import accumulate_statistics
-
-    module.to(device)
-    module.partitions.place(1, 0)
-    with torch.no_grad():
-        crop = as_float_images(batch.to(device))
-        outputs = [module.chunk_teachers(crop, c) for c in module.partitions.chunks(crop, False)]
-    features = [{n: o.features for n, o in chunk.items()} for chunk in outputs]
-    summaries = [
-        {n: o.summary for n, o in chunk.items() if o.summary is not None} for chunk in outputs
-    ]
-    accumulate_statistics(module.normalizers, features, True, {})
-    accumulate_statistics(module.dispersions, summaries, True, {})
-    module.estimate_statistics = module.refit_statistics = False
-
-
-def synchronizer(device: Any) -> Callable[[], None]:
-    import torch
-
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -564,7 +463,7 @@ def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -
     import torch
 
     side = Side()
-    clock = PhaseClock(synchronizer(device))
+    clock = PhaseClock(harness.synchronizer(device))
     instrument(cli, clock)
     driver = Driver(args, clock, device, extras=())
     seed = args.seed
@@ -582,7 +481,7 @@ def run_radio_lit(cli: Any, args: argparse.Namespace, batch: Any, device: Any) -
     trainer.callbacks += [FirstStep(), driver.callback()]
     total = args.warmup + args.steps + 2
     try:
-        trainer.fit(cli.model, train_dataloaders=make_loader(batch, total + 1))
+        trainer.fit(cli.model, train_dataloaders=harness.in_memory([batch] * (total + 1)))
     finally:
         uninstrument()
     side.step_times, side.phase_times = driver.step_times, driver.phase_times
@@ -599,7 +498,7 @@ def run_plain(plain: PlainStep, args: argparse.Namespace, device: Any) -> Side:
     """The plain loop: warm-up, timed and profiled steps, as radio-lit's side."""
     import torch
 
-    side, sync = Side(), synchronizer(device)
+    side, sync = Side(), harness.synchronizer(device)
     clock = PhaseClock(sync)
     timed = args.warmup + args.steps
     torch.manual_seed(args.seed)
@@ -711,21 +610,6 @@ def table(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow], cuda: bool) -> s
 # ------------------------------------------------------------------------------------------
 # teachers at full size, counted on fake CUDA tensors
 # ------------------------------------------------------------------------------------------
-def random_weights(entry: dict[str, Any]) -> dict[str, Any]:
-    """A teacher's config entry with nothing to load: random weights, as profile_step's."""
-    init = dict(entry.get("init_args") or {})
-    kind = entry["class_path"].rsplit(".", 1)[-1]
-    if "pretrained" in init:
-        init["pretrained"] = False if isinstance(init["pretrained"], bool) else None
-    elif kind in ("DINOv2Teacher", "DINOv3Teacher", "TimmTeacher", "TransformersTeacher"):
-        init["pretrained"] = False
-    if init.get("checkpoint"):
-        init["checkpoint"] = None
-    if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
-        init["model"] = init["model"].split(".")[0]  # no pretrained tag
-    return {"class_path": entry["class_path"], "init_args": init}
-
-
 def meta_teachers(config: dict[str, Any]) -> dict[str, Any]:
     """The config's teachers at full size on the meta device (shapes only, nothing
     allocated; open_clip's final move to a device is skipped, it cannot move meta tensors)."""
@@ -740,7 +624,9 @@ def meta_teachers(config: dict[str, Any]) -> dict[str, Any]:
     )
     for name, entry in ((config.get("model") or {}).get("teachers") or {}).items():
         with torch.device("meta"), skip_move:
-            teachers[name] = instantiate_class((), random_weights(entry))
+            init = {**(entry.get("init_args") or {}), **harness.random_init(entry)}
+            random = {"class_path": entry["class_path"], "init_args": init}
+            teachers[name] = instantiate_class((), random)
     return teachers
 
 
@@ -748,12 +634,10 @@ def teachers_on_fake_cuda(args: argparse.Namespace) -> None:
     """Each teacher of ``args.config`` at full size on a batch of the config's size: radio-lit's
     ``Teacher.__call__`` under CUDA bf16 autocast (as ``bf16-mixed`` runs it) and the plain
     library call without autocast, counted by ``benchmarks/fake_cuda.py``."""
-    import yaml
-
     from benchmarks.fake_cuda import FakeCuda
     from radio_lit.geometry.grid import student_input_size
 
-    config = yaml.safe_load(Path(args.config).read_text())
+    config = harness.load_config(args.config)
     model, data = config.get("model") or {}, (config.get("data") or {}).get("init_args") or {}
     batch = args.batch_size or data.get("batch_size", 32)
     side = student_input_size(model.get("student_resolution", 256), 16)
@@ -816,31 +700,34 @@ def differences(lit: dict[str, PhaseRow], plain: dict[str, PhaseRow]) -> list[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    import yaml
-
     args, user_overrides = parse_args(argv)
-    return_freed_memory()
+    harness.return_freed_memory()
     import torch
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.teachers_on_fake_cuda:
-        quiet()
+        harness.quiet()
         teachers_on_fake_cuda(args)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
-    quiet()
-    config = yaml.safe_load(Path(args.config).read_text())
-    overrides, notes = device_overrides(config, args)
-    # the profiled step, and one more: the last step logs (radio_lit.metrics.logging), so the
-    # profiled one is a step like most of a run's
-    cli = build(args, [*overrides, *user_overrides], extra_steps=2)
-    quiet()
+    harness.quiet()
+    overrides, notes = device_overrides(harness.load_config(args.config), args)
+    cli = harness.build(
+        args.config,
+        [*overrides, *user_overrides],
+        # the profiled step, and one more: the last step logs (radio_lit.metrics.logging), so
+        # the profiled one is a step like most of a run's
+        max_steps=args.warmup + args.steps + 2,
+        device=args.device,
+        teacher_depth=args.teacher_depth,
+    )
+    harness.quiet()
     device = torch.device(args.device)
     module = cli.model
-    batch = first_batch(cli)
-    fit_statistics(module, batch, device)
+    batch = harness.first_batch(cli.datamodule)
+    harness.fit_statistics(module, batch, device)
     precision = str(cli.trainer.precision)
     total = args.warmup + args.steps + 1
     plain = PlainStep(module, batch, device, precision, total)

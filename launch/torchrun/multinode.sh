@@ -11,7 +11,7 @@
 # NNODES x NPROC_PER_NODE must equal the config's trainer.num_nodes x trainer.devices (radio-lit
 # refuses a mismatch before building anything). On SIGTERM (torchrun forwards it to every
 # process) each rank stops after the same step, one checkpoint is written, and rank 0 prints the
-# command that resumes (README "On a cluster").
+# command that resumes (docs/clusters.md "On a cluster").
 set -euo pipefail
 config=$1
 shift

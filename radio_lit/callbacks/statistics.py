@@ -8,13 +8,35 @@ are frozen for the rest of the stage.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from torch import nn
 
-from radio_lit.callbacks._common import distillation_module
-from radio_lit.module import DistillationModule
+
+@runtime_checkable
+class EstimatesStatistics(Protocol):
+    """What the callback drives: a LightningModule with teacher statistics (normalizers,
+    summary dispersions) that it accumulates while ``estimate_statistics`` is set and refits
+    while ``refit_statistics`` is: :class:`~radio_lit.module.DistillationModule`,
+    :class:`~radio_lit.upsamplers.FeatSharpModule`."""
+
+    estimate_statistics: bool
+    refit_statistics: bool
+
+    def teacher_statistics(self) -> dict[str, nn.ModuleDict]: ...
+
+
+def _estimating(pl_module: pl.LightningModule) -> Any:
+    """``pl_module``, or a TypeError saying what the callback needs of it."""
+    if not isinstance(pl_module, EstimatesStatistics):
+        raise TypeError(
+            "TeacherStatsEstimation needs a module with teacher statistics "
+            "(teacher_statistics(), estimate_statistics, refit_statistics), such as "
+            f"radio_lit.DistillationModule; got {type(pl_module).__name__}"
+        )
+    return pl_module
 
 
 class TeacherStatsEstimation(Callback):
@@ -50,7 +72,7 @@ class TeacherStatsEstimation(Callback):
         self._resumed = True
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        module = distillation_module(pl_module)
+        module = _estimating(pl_module)
         if not self._resumed:
             for statistics in module.teacher_statistics().values():
                 for statistic in statistics.values():
@@ -59,7 +81,7 @@ class TeacherStatsEstimation(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        module = distillation_module(pl_module)
+        module = _estimating(pl_module)
         step = trainer.global_step
         module.estimate_statistics = step < self.steps
         module.refit_statistics = module.estimate_statistics and (
@@ -74,13 +96,13 @@ class TeacherStatsEstimation(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        module = distillation_module(pl_module)
+        module = _estimating(pl_module)
         if module.refit_statistics:
             self._log_diagnostics(trainer, module)
         module.estimate_statistics = False
         module.refit_statistics = False
 
-    def _log_diagnostics(self, trainer: pl.Trainer, module: DistillationModule) -> None:
+    def _log_diagnostics(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         """Per teacher: the normalizer's scale(s) and effective rank; the eigenvalue spectrum;
         the summary dispersion (``AngleBalanced``)."""
         statistics = module.teacher_statistics().values()

@@ -22,7 +22,7 @@ import torch.distributed
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch import __version__ as pl_version
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -33,6 +33,7 @@ from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
+from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import overlay_error
 from radio_lit.cli.results import evaluation_results, results_table
@@ -92,6 +93,15 @@ class RadioLitCLI(LightningCLI):
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         given = kwargs.get("args")
         self.command_line = [str(a) for a in (sys.argv[1:] if given is None else given)]
+        # `--help` prints radio-lit's own options (radio_lit.cli.help); `--help-all`,
+        # LightningCLI's full help.
+        self.short_help = wants_short_help(self.command_line)
+        if FULL_HELP in self.command_line:
+            self.command_line = full_help_argv(self.command_line)
+            if given is None:  # LightningCLI reads sys.argv (given both, it warns)
+                sys.argv[1:] = self.command_line
+            else:
+                kwargs["args"] = self.command_line
         subcommands = self.subcommands()
         if self.command_line and self.command_line[0] in subcommands:
             # Only the parser of the subcommand given (LightningCLI builds all four: ~0.2 s).
@@ -101,9 +111,11 @@ class RadioLitCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in self.subcommands()}})
         # Whether the Hub answers is found out while the arguments are parsed.
         self.hub = HubProbe().start()
+        other_module = _names_a_module(self.command_line)
         super().__init__(
-            DistillationModule,
+            LightningModule if other_module else DistillationModule,
             LightningDataModule,
+            subclass_mode_model=other_module,
             subclass_mode_data=True,
             **kwargs,  # type: ignore[arg-type]
         )
@@ -111,7 +123,11 @@ class RadioLitCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse; an unknown option or class name gets the closest known one suggested, an
         overlay config given alone the full config to stack it on
-        (:mod:`radio_lit.cli.overlays`)."""
+        (:mod:`radio_lit.cli.overlays`). ``--help`` prints :func:`short_help` and exits."""
+        if self.short_help:
+            command = self.command_line[0]
+            print(short_help(parser._subcommands_action._name_parser_map[command], command))
+            raise SystemExit(0)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
@@ -263,6 +279,29 @@ class RadioLitCLI(LightningCLI):
             if path:
                 lines.append(f"checkpoint: {path}")
         print("\n".join(lines), flush=True)
+
+
+def _names_a_module(command_line: Sequence[str]) -> bool:
+    """Whether the run's configs name another LightningModule (``model: class_path: ...``, e.g.
+    ``radio_lit.upsamplers.FeatSharpModule`` in ``configs/featsharp/``); the model is then
+    parsed as a class of its own rather than as :class:`DistillationModule`'s arguments."""
+    import yaml
+
+    files = [
+        arg.split("=", 1)[1] if arg.startswith("--config=") else command_line[i + 1]
+        for i, arg in enumerate(command_line)
+        if (arg == "--config" and i + 1 < len(command_line)) or arg.startswith("--config=")
+    ]
+    names = False
+    for path in files:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # the parser reports it
+        model = loaded.get("model") if isinstance(loaded, dict) else None
+        if isinstance(model, dict) and ("class_path" in model or "teachers" in model):
+            names = "class_path" in model
+    return names
 
 
 def _with_cached_teachers(config: Namespace, subcommand: str | None) -> Namespace:

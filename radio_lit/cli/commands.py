@@ -91,6 +91,7 @@ def overview(subcommands: Mapping[str, str]) -> str:
         "commands:",
         *commands,
         "",
-        "radio-lit COMMAND --help shows a command's options.",
+        "radio-lit COMMAND --help shows a command's options (fit, validate, test: radio-lit's own;",
+        "--help-all: every option, Lightning's included).",
     ]
     return "\n".join(lines)

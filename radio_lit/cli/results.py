@@ -26,7 +26,7 @@ import lightning.pytorch as pl
 
 from radio_lit.evaluation.base import Evaluation
 
-#: ``[choice]`` the per-teacher validation metrics shown (README "Validation metrics"): the
+#: ``[choice]`` the per-teacher validation metrics shown (docs/first-run.md): the
 #: ones the papers report; the losses and error-variance ranges stay in TensorBoard.
 VALIDATION_METRICS = ("fidelity", "mse", "summary_cosine")
 #: Validation values of the whole run.

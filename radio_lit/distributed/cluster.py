@@ -114,7 +114,7 @@ def check_allocation(trainer: Mapping[str, Any]) -> None:
     raise ConfigError(
         f"trainer.devices: the scheduler started {given} processes ({source}) but {reads} "
         f"= {wanted}: give --trainer.devices <processes per node> and --trainer.num_nodes "
-        f"<nodes> so that their product is {given} (README: On a cluster)"
+        f"<nodes> so that their product is {given} (docs/clusters.md)"
     )
 
 

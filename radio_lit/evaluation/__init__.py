@@ -29,6 +29,7 @@ from radio_lit.evaluation.segmentation_data import (
     write_segmentation_folder,
 )
 from radio_lit.evaluation.token_merging import TokenMerging
+from radio_lit.evaluation.upsampler_images import UpsamplerImages
 from radio_lit.evaluation.view import BACKBONE, ModelView, module_view
 from radio_lit.evaluation.zero_shot import ZeroShotClassification, zero_shot_weights
 
@@ -53,6 +54,7 @@ __all__ = [
     "SegmentationFolder",
     "SegmentationProbe",
     "TokenMerging",
+    "UpsamplerImages",
     "ZeroShotClassification",
     "knn_votes",
     "miou_metric",

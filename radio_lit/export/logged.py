@@ -68,7 +68,7 @@ def run_metrics(run_dir: str | Path, step: int | None = None) -> dict[str, tuple
     return {tag: (s, value) for tag, (s, _, value) in sorted(found.items())}
 
 
-#: Readable names of the logged scalars (README "Validation metrics", "Evaluation"): the tag's
+#: Readable names of the logged scalars (docs/first-run.md, docs/evaluation.md): the tag's
 #: pattern and the name, filled with the pattern's groups. Other tags keep their own name.
 _NAMES = tuple(
     (re.compile(pattern), name)

@@ -17,7 +17,9 @@ has a native ``RadioModel`` that reads the same layout (its ``conversion_mapping
   RADIO's summary is their tokens concatenated). No adaptor heads: neither library has them.
 - ``config.json``: transformers' ``RadioConfig`` fields, and under ``radio_lit`` the exact
   ``timm.create_model`` calls (name and constructor kwargs for the student's widths), the
-  ``transformers`` call, the teachers' summary slots and the training resolution.
+  ``transformers`` call, the input each takes (:data:`INPUTS`: timm's classes normalized
+  pixels, transformers' ``RadioModel`` pixels in [0, 1]), the teachers' summary slots and the
+  training resolution.
 
 The timm model is one of timm's C-RADIO classes with the fewest constructor overrides
 (:data:`TIMM_CLASSES`); timm keeps the first prefix token as ``cls_token`` and the other
@@ -66,6 +68,15 @@ TIMM_CLASSES = (
 TRUNK_PREFIX, MODEL_PREFIX = "radio_model.model.", "radio_model."
 #: The CPE grid side of timm's C-RADIO classes (2048 px at /16) and their input size.
 TIMM_GRID, TIMM_IMG_SIZE = 128, 512
+#: What each library's model takes as input (printed beside its call, recorded in
+#: ``config.json``): timm's classes have no input normalization (``forward_features`` of
+#: pixels already normalized with the ``pretrained_cfg``'s mean/std); transformers'
+#: ``RadioModel`` holds NVlabs' input conditioner and normalizes pixels in [0, 1] itself.
+INPUTS = {
+    "timm": "input: normalized pixels, (x - mean) / std of timm.data.resolve_data_config({}, "
+    "model=model), x in [0, 1]",
+    "transformers": "input: pixels in [0, 1] (RadioModel normalizes them itself)",
+}
 #: Modules that are the identity in eval mode.
 _EVAL_IDENTITY = (nn.Identity, nn.Dropout, DropPath)
 
@@ -379,6 +390,7 @@ def save_timm(model: RadioLitModel, folder: str | Path) -> tuple[list[Path], lis
             "pretrained_cfg_overlay": overlay,
         },
         "calls": calls,
+        "inputs": dict(INPUTS),
         "summary_slots": dict(model.summary_slots),
         "preferred_resolution": list(resolution),
         "teachers": [t["name"] for t in model.config["teachers"]],
@@ -388,9 +400,9 @@ def save_timm(model: RadioLitModel, folder: str | Path) -> tuple[list[Path], lis
     config_path = folder / CONFIG_NAME
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     lines = [
-        f"{calls['naflexvit']}  # any resolution",
-        f"{calls['vit']}  # exact at {resolution[0]}x{resolution[1]} px only",
-        calls["transformers"],
+        f"{calls['naflexvit']}  # any resolution; {INPUTS['timm']}",
+        f"{calls['vit']}  # exact at {resolution[0]}x{resolution[1]} px only; {INPUTS['timm']}",
+        f"{calls['transformers']}  # {INPUTS['transformers']}",
     ]
     return [weights, config_path], lines
 

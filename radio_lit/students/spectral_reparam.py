@@ -217,7 +217,9 @@ class SpectralLinear(nn.Linear):
     """``nn.Linear`` whose weight is used as ``gamma / sigma(W) * W`` (σReparam, per chunk).
 
     Args:
-        in_features, out_features, bias: as ``nn.Linear``.
+        in_features: as ``nn.Linear``.
+        out_features: as ``nn.Linear``.
+        bias: as ``nn.Linear``.
         chunks: row blocks of ``W`` reparametrized separately (3 for a fused qkv projection).
         version: how ``spectral_scale`` gives ``gamma``: 1, ``gamma = p``; 2,
             ``gamma = softplus(p) + 0.05`` (NVlabs/RADIO; see the module docstring).

@@ -124,7 +124,7 @@ class Teacher(nn.Module):
 
         ``speed`` applies the teacher's speed options to its encoder ``self.model``
         (:class:`~radio_lit.teachers.speed.TeacherSpeed`: FP8 now, compilation at the first
-        call, the attention backend at every call; README "Teacher speed options").
+        call, the attention backend at every call; docs/speed.md).
         """
         self.requires_grad_(False)
         super().train(False)
@@ -189,7 +189,7 @@ class Teacher(nn.Module):
         targets' statistics are unaffected. Without autocast its layer norms and softmaxes run
         in its own dtype (accumulating in float32 inside the kernels), not as the float32
         islands that a surrounding ``bf16-mixed`` autocast would make of them, each with casts
-        of its input, weight and bias and back (README "Teachers on a GPU"). A float32 teacher
+        of its input, weight and bias and back (docs/teachers.md). A float32 teacher
         keeps the caller's autocast (its matrix products then run in bf16).
         """
         view = self.view(crop, size)

@@ -48,9 +48,9 @@ class DINOv2Teacher(TwoBackendTeacher):
             tensors only (safetensors or ``torch.load(weights_only=True)``).
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
-            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; docs/teachers.md). [choice]
         speed: compile, FP8 and attention-backend options of the encoder
-            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; docs/speed.md).
     """
 
     model_types = ("dinov2", "dinov2_with_registers")

@@ -94,9 +94,9 @@ class SAM2Teacher(_HFCanvasTeacher):
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3).
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
-            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; docs/teachers.md). [choice]
         speed: compile, FP8 and attention-backend options of the encoder
-            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; docs/speed.md).
     """
 
     full_model = "Sam2Model"
@@ -165,9 +165,9 @@ class SAM3Teacher(_HFCanvasTeacher):
         mosaic: pack ``k x k`` views per encoder input (RADIOv2.5 4.3).
         dtype: teacher precision; outputs stay float32.
         channels_last: convolution weights and views in channels-last memory format
-            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; docs/teachers.md). [choice]
         speed: compile, FP8 and attention-backend options of the encoder
-            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; docs/speed.md).
     """
 
     full_model = "Sam3Model"

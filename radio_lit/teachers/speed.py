@@ -20,7 +20,7 @@ teacher behaves the same in ``radio-lit fit``, ``radio-lit cache`` and the bench
   fast path, which would ignore a backend it cannot use. The first call checks that the
   encoder reaches SDPA and that the backend runs there, and refuses in one line otherwise.
 
-Trade-offs and which teachers qualify: README "Teacher speed options". [choice]
+Trade-offs and which teachers qualify: docs/speed.md. [choice]
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def checked_attention(label: str, encode: Callable[[Tensor], Any], view: Tensor,
     if not calls.count:
         raise ConfigError(
             f"{label}: speed.attention {name!r} has nothing to act on: this teacher's encoder "
-            'never calls F.scaled_dot_product_attention (README "Teacher speed options" '
+            "never calls F.scaled_dot_product_attention (docs/speed.md "
             "lists the teachers that do); leave speed.attention unset"
         )
     return out

@@ -59,9 +59,9 @@ class TimmTeacher(TokenTeacher):
         std: pixel std override (default: ``pretrained_cfg["std"]``).
         dtype: teacher precision (``bfloat16`` halves its memory; outputs stay float32).
         channels_last: convolution weights and views in channels-last memory format
-            (:meth:`~radio_lit.teachers.Teacher.freeze`; README "Teachers on a GPU"). [choice]
+            (:meth:`~radio_lit.teachers.Teacher.freeze`; docs/teachers.md). [choice]
         speed: compile, FP8 and attention-backend options of the encoder
-            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; README "Teacher speed options").
+            (:class:`~radio_lit.teachers.speed.TeacherSpeed`; docs/speed.md).
     """
 
     def __init__(

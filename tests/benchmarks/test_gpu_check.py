@@ -26,7 +26,9 @@ def test_the_check_runs_a_config_and_prints_its_row(capsys, monkeypatch):
     row = next(line for line in out.splitlines() if line.startswith("quickstart.yaml  "))
     assert row.split()[1] == "pass" and float(row.split()[2]) > 0
     assert "as shipped; 1 partition(s), batch 8" in row
-    assert "1 of 1 configs pass on CPU" in out
+    upsampler = next(line for line in out.splitlines() if line.startswith("featsharp/quickstart"))
+    assert upsampler.split()[1] == "pass" and "FeatSharpModule" in upsampler, upsampler
+    assert "2 of 2 configs pass on CPU" in out
 
 
 def test_a_missing_module_is_named_with_the_package_to_install():

@@ -57,9 +57,9 @@ def test_attention_flops_count_on_a_cpu_too():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from benchmarks.profile_step import _cpu_sdpa_mapping
+    from benchmarks.phases import cpu_sdpa_mapping
 
     q = torch.randn(1, 2, 64, 32, requires_grad=True)
-    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_mapping()) as counter:
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa_mapping()) as counter:
         torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
     assert counter.get_total_flops() == 3.5 * 4 * 64**2 * 32 * 2

@@ -8,6 +8,7 @@ estimation, frozen-trunk steps and a second epoch.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
 from radio_lit.data import SAMPLE_IMAGES, ImageFolderDataModule
 from radio_lit.normalizers import PhiS
 from radio_lit.training.partitions import Partition
+from radio_lit.upsamplers import FeatSharp, FusionBlock, UpsampledTeacher
 from tests.builders import cpu_trainer, tiny_module
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher, tiny_sam_teacher
 
@@ -37,14 +39,21 @@ class Losses(Callback):
         self.values.append(outputs["loss"].detach().clone())
 
 
-def _module(partitions: bool) -> Any:
+def _module(partitions: bool | str) -> Any:
     torch.manual_seed(0)  # the same teachers and student in every run
     if not partitions:
         return tiny_module(normalizer=PhiS)
     # two partitions on one rank; the DINOv2 teacher follows the student's two resolutions;
-    # SAM packs its partition's 2 views into a mosaic (canvas neighbours, 2 x 2 tiles)
+    # SAM packs its partition's 2 views into a mosaic (canvas neighbours, 2 x 2 tiles);
+    # "upsampled": CLIP through FeatSharp 2x at the 64 px student's grid (radio_lit.upsamplers)
+    clip = tiny_clip_teacher()
+    if partitions == "upsampled":
+        fusion = functools.partial(FusionBlock, heads=2)
+        upsampler = functools.partial(FeatSharp, factor=2, fusion=fusion)
+        clip = UpsampledTeacher(clip, upsampler, min_student_grid=4)
+        assert clip.view_size((4, 4)) == (112, 112) and clip.view_size((2, 2)) == (56, 56)
     teachers = {
-        "clip": tiny_clip_teacher(),
+        "clip": clip,
         "dino": tiny_dinov2_teacher(follow_student=True),
         "sam": tiny_sam_teacher(resolution=64, mosaic=True),
     }
@@ -75,11 +84,15 @@ def _fit(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("partitions", [False, True], ids=["one-partition", "partitions-multires"])
-def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool) -> None:
-    """With partitions, the data batch (5) is larger than the 4 images the rank's partitions
-    use: the live run and the replay both load only those 4 (``use_rows``)."""
-    batch = 5 if partitions else 4
+@pytest.mark.parametrize(
+    "partitions",
+    [False, True, "upsampled"],
+    ids=["one-partition", "partitions-multires", "upsampled-teacher"],
+)
+def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool | str) -> None:
+    """With two partitions, the data batch (5) is larger than the 4 images the rank's
+    partitions use: the live run and the replay both load only those 4 (``use_rows``)."""
+    batch = 5 if partitions is True else 4
     data = _data(batch)
     config = {
         "model": {"teachers": {}},

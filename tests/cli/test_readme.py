@@ -1,7 +1,8 @@
-"""README.md against the CLI: its commands, their options, the export formats and the files
-each writes, all taken from the CLI itself (``radio-lit --help``, each command's ``--help``, a
-real export of a tiny run), so that a command, option or format added without its README
-line (or a README line left for one removed) fails here."""
+"""The manual (README.md and the pages of docs/) against the CLI: its commands, their options,
+the export formats and the files each writes, all taken from the CLI itself (``radio-lit
+--help``, each command's ``--help``, ``radio-lit fit --help-all``, a real export of a tiny run),
+so that a command, option or format added without its line in the manual (or a line left for
+one removed) fails here."""
 
 from __future__ import annotations
 
@@ -20,12 +21,20 @@ from tests.export.tiny_export import STUDENT, saved_run
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The task pages of the documentation site (the API reference is written from docstrings).
+PAGES = {
+    path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+    for path in sorted((ROOT / "docs").glob("*.md"))
+}
+#: README.md and the pages, each a text of its own (a page's sections stop at its end).
+MANUAL = {"README.md": README, **PAGES}
+ALL = "\n".join(MANUAL.values())
 #: An option of a help text (``--format``, ``--samples-per-shard``; not ``--trainer.x``).
 OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*(?![\w.+-])")
 #: An option a README line gives (``--model.normalizer`` too).
 GIVEN = re.compile(r"(?<![\w-])--[a-z][\w.+-]*")
-#: Formats whose files their own test exports and checks against the README
-#: (:func:`unnamed_in_readme`): an ONNX export traces the model (~10 CPU-s), once is enough.
+#: Formats whose files their own test exports and checks against the manual
+#: (:func:`unnamed_in_manual`): an ONNX export traces the model (~10 CPU-s), once is enough.
 EXPORTED_ELSEWHERE = {"onnx": "tests/export/test_onnx.py"}
 #: ``radio-lit COMMAND`` where a fenced line runs it (first, after ``$``, a path, ``&&``, or
 #: torchrun's ``--no-python``), not in prose such as a file listing.
@@ -74,34 +83,47 @@ def _options(command: str, capsys) -> set[str]:
     return set(OPTION.findall(_help([command, "--help"], capsys))) - {"--help"}
 
 
-def test_the_readme_shows_every_command_and_no_other(capsys):
+def _manual_invocations() -> list[tuple[str, list[str]]]:
+    return [found for text in MANUAL.values() for found in _invocations(text)]
+
+
+def test_the_manual_shows_every_command_and_no_other(capsys):
     commands = set(_command_lines(_help(["--help"], capsys)))
-    shown = {command for command, _ in _invocations(README)}
-    assert commands - shown == set(), "commands the README never shows"
-    assert shown - commands == set(), "README commands radio-lit does not have"
+    shown = {command for command, _ in _manual_invocations()}
+    assert commands - shown == set(), "commands the manual never shows"
+    assert shown - commands == set(), "commands in the manual that radio-lit does not have"
+    assert {command for command, _ in _invocations(README)} >= {"fit", "export"}  # the tour
 
 
 @pytest.mark.parametrize("command", list(cli.SUBCOMMANDS))
 def test_each_option_is_documented_where_its_command_is(command, capsys):
-    """Every option of ``radio-lit COMMAND --help`` appears in a README section that shows
-    ``radio-lit COMMAND``, and every option the README gives that command is one of them
+    """Every option of ``radio-lit COMMAND --help`` appears in a section of the manual that
+    shows ``radio-lit COMMAND``, and every option the manual gives that command is one of them
     (``--section.key`` config overrides aside)."""
     options = _options(command, capsys)
-    sections = "\n".join(s for s in _sections(README) if f"radio-lit {command}" in s)
+    sections = "\n".join(
+        s for text in MANUAL.values() for s in _sections(text) if f"radio-lit {command}" in s
+    )
     documented = {o for o in options if re.search(re.escape(o) + r"(?![\w-])", sections)}
-    assert options - documented == set(), f"radio-lit {command} options not in its README sections"
-    given = {o for c, found in _invocations(README) if c == command for o in found}
+    assert options - documented == set(), f"radio-lit {command} options not in its sections"
+    given = {o for c, found in _manual_invocations() if c == command for o in found}
     assert {o for o in given if "." not in o} - options == set(), "options it does not have"
 
 
-def test_the_readmes_fit_options_are_fits(capsys):
-    """``radio-lit fit|validate|test`` lines give only options of ``radio-lit fit --help``
-    (a ``--section.key`` by its section)."""
-    options = _options("fit", capsys)
+def test_the_manuals_fit_options_are_fits(capsys):
+    """``radio-lit fit|validate|test`` lines give only options of ``radio-lit fit --help-all``:
+    a ``--section.key`` by its section, and a ``--model.KEY`` or ``--trainer.KEY`` by its
+    key (``DistillationModule``'s and the Trainer's arguments; a class's own ``init_args``
+    below them are checked when the config is parsed)."""
+    full = _help(["fit", "--help-all"], capsys)
+    options = set(OPTION.findall(full)) | _options("fit", capsys)
+    keys = set(re.findall(r"(?<![\w-])--((?:model|trainer)\.\w+)", full))
     given = {
-        o for c, found in _invocations(README) if c in ("fit", "validate", "test") for o in found
+        o for c, found in _manual_invocations() if c in ("fit", "validate", "test") for o in found
     }
     assert {o.split(".")[0] for o in given} - options == set()
+    named = {".".join(o.lstrip("-").split(".")[:2]) for o in given if o.count(".")}
+    assert {k for k in named if k.split(".")[0] in ("model", "trainer")} - keys == set()
 
 
 @pytest.fixture(scope="module")
@@ -134,16 +156,16 @@ def exports(tmp_path_factory):
     return written
 
 
-def unnamed_in_readme(files: list[str]) -> list[str]:
-    """The files of an export (names relative to its output) that the README does not name:
+def unnamed_in_manual(files: list[str]) -> list[str]:
+    """The files of an export (names relative to its output) that the manual does not name:
     ``last<suffix>`` or ``<stem><suffix>`` beside a stem, a folder's files by name."""
     unnamed = []
     for name in files:
         if name.startswith("last."):
             suffix = name.removeprefix("last")
-            named = f"last{suffix}" in README or f"<stem>{suffix}" in README
+            named = f"last{suffix}" in ALL or f"<stem>{suffix}" in ALL
         else:
-            named = Path(name).name in README
+            named = Path(name).name in ALL
         if not named:
             unnamed.append(name)
     return unnamed
@@ -161,18 +183,16 @@ def _help_text(argv: list[str]) -> str:
 
 
 @pytest.mark.slow
-def test_every_export_format_and_its_files_are_in_the_readme(exports):
+def test_every_export_format_and_its_files_are_in_the_manual(exports):
     """Each ``--format`` is named (``--format hf`` or in a ``--format a|b|c`` list) and no
-    other; each file an export wrote is named (:func:`unnamed_in_readme`; the formats of
+    other; each file an export wrote is named (:func:`unnamed_in_manual`; the formats of
     :data:`EXPORTED_ELSEWHERE` in their own tests)."""
-    documented = {
-        f for values in re.findall(r"--format ([\w|]+)", README) for f in values.split("|")
-    }
-    assert set(exports) - documented == set(), "formats the README does not name"
-    assert documented - set(exports) == set(), "README formats export does not have"
+    documented = {f for values in re.findall(r"--format ([\w|]+)", ALL) for f in values.split("|")}
+    assert set(exports) - documented == set(), "formats the manual does not name"
+    assert documented - set(exports) == set(), "formats in the manual that export does not have"
     assert any(files for files in exports.values()), exports
     for fmt, files in exports.items():
-        assert unnamed_in_readme(files or []) == [], fmt
+        assert unnamed_in_manual(files or []) == [], fmt
 
 
 def test_the_quickstart_takes_the_time_the_readme_says():
@@ -188,3 +208,14 @@ def test_the_quickstart_takes_the_time_the_readme_says():
     readme = README.split("## The two commands", 1)[1].split("```", 1)[0]
     assert minutes(header) == minutes(readme)
     assert yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())["trainer"]
+
+
+def test_ci_runs_the_readmes_test_command():
+    """``.ci/run`` ends with exactly the README's second command (the tests from a fresh
+    machine), and the README's first command trains the quickstart."""
+    commands = re.findall(r"```bash\n(python3 -m venv .*?)\n```", README)
+    assert len(commands) == 2, commands
+    quickstart, tests = commands
+    assert quickstart.endswith("radio-lit fit --config configs/quickstart.yaml")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == tests

@@ -3,7 +3,7 @@
 The configs are found by globbing (:func:`benchmarks.gpu_check.shipped_configs`), so a new
 YAML is built by the tests the day it is added. Each is built by ``RadioLitCLI`` as
 ``radio-lit fit`` builds it (:func:`benchmarks.gpu_check.build`, on
-:func:`benchmarks.profile_step.build`), on this machine's one CPU:
+:func:`benchmarks.harness.build`), on this machine's one CPU:
 
 - :func:`built`: the config with its student at its real architecture (a GPU recipe's on the
   meta device: shapes only), its teachers replaced by tiny models of the same families with
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from benchmarks.gpu_check import ShippedConfig, build, merged, shipped_configs
+from benchmarks.gpu_check import ShippedConfig, build, merged, own_module, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, ShippedConfig] = {c.name: c for c in shipped_configs(ROOT)}
@@ -52,7 +52,7 @@ def built(name: str) -> Any:
     """The ``RadioLitCLI`` of config ``name`` built for this machine (see the module
     docstring); a GPU recipe without its ``model.init_from`` (the chain tests load it)."""
     extra = ["--trainer.accelerator=cpu", "--trainer.max_steps=1"]
-    if gpu_recipe(name):
+    if gpu_recipe(name) and not own_module(raw(name)):
         extra.append("--model.init_from=null")
     meta = "meta" if gpu_recipe(name) else None
     return _build(name, size="build", student_device=meta, extra=extra)

@@ -9,9 +9,10 @@ import pytest
 import timm
 import torch
 
-from benchmarks.gpu_check import stage_chains, world_size
+from benchmarks.gpu_check import config_teachers, own_module, stage_chains, world_size
 from radio_lit.module import DistillationModule
 from radio_lit.students import CPEViT
+from radio_lit.upsamplers import FeatSharpModule
 from tests.configs.shipped import (
     CONFIGS,
     ROOT,
@@ -55,7 +56,9 @@ def test_every_model_id_is_one_its_library_knows(name):
     """timm names and pretrained tags, open_clip's pretrained list, SAM's model types and
     the form of a Hub id: a typo fails here, not in a user's first job."""
     model = raw(name)["model"]
-    entries = {"student": model["student"], **model["teachers"]}
+    entries = {n: entry for n, (_, entry) in config_teachers(raw(name)).items()}
+    if not own_module(raw(name)):
+        entries["student"] = model["student"]
     problems = {
         key: found
         for key, entry in entries.items()
@@ -82,6 +85,13 @@ def test_the_model_id_check_finds_what_a_user_would_mistype():
 def test_builds_with_its_student_its_teachers_and_its_partitions(name):
     cli = built(name)
     module, model = cli.model, raw(name)["model"]
+    if own_module(raw(name)):  # configs/featsharp: an upsampler of a tiny stand-in teacher
+        assert isinstance(module, FeatSharpModule)
+        assert type(module.teacher).__name__ == _kind(model["init_args"]["teacher"])
+        factor = model["init_args"]["upsampler"]["init_args"]["factor"]
+        assert module.upsampler.factor == factor
+        assert module.upsampler.bias.bias.shape[1:] == module.teacher.grid_size
+        return
     assert isinstance(module, DistillationModule)
     # teachers: the config's names and families (tiny stand-ins of a GPU recipe's)
     assert {n: type(t).__name__ for n, t in module.teachers.items()} == {

@@ -16,7 +16,7 @@ from radio_lit.export import inference_model, load, save_onnx
 from radio_lit.export.onnx import output_names
 from radio_lit.normalizers import Identity
 from radio_lit.students import ERadio, TeacherHeads
-from tests.cli.test_readme import unnamed_in_readme
+from tests.cli.test_readme import unnamed_in_manual
 from tests.export.tiny_export import saved_run
 
 onnx = pytest.importorskip("onnx")
@@ -50,10 +50,10 @@ def test_export_onnx_subcommand_matches_radio_lit_load_at_two_resolutions(
     path = run / "export" / "last.onnx"
     assert printed == [path, run / "export" / "last.onnx.data"]  # the graph and its weights
     assert all(p.is_file() for p in printed)
-    # every file it wrote, named in the README (tests/cli/test_readme.py leaves ONNX to here)
+    # every file it wrote, named in the manual (tests/cli/test_readme.py leaves ONNX to here)
     written = sorted(str(p.relative_to(path.parent)) for p in path.parent.rglob("*"))
     assert written == ["last.onnx", "last.onnx.data"]
-    assert unnamed_in_readme(written) == []
+    assert unnamed_in_manual(written) == []
     model = load(exported / "student.safetensors")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

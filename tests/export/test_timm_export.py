@@ -148,9 +148,15 @@ def test_the_export_prints_the_calls_it_records(c_radio_run: Path, tmp_path: Pat
         str(tmp_path / "out" / "model.safetensors"),
         str(tmp_path / "out" / "config.json"),
     ]
-    assert lines[2] == calls["naflexvit"] + "  # any resolution"
-    assert lines[3] == calls["vit"] + "  # exact at 64x64 px only"
-    assert lines[4] == f"transformers.RadioModel.from_pretrained('{tmp_path / 'out'}')"
+    # each call says which input its model takes (transformers' RadioModel normalizes pixels
+    # in [0, 1] itself; timm's classes take them normalized: fed the other, they are far off)
+    timm_input = "input: normalized pixels, (x - mean) / std of timm.data.resolve_data_config"
+    assert lines[2].startswith(calls["naflexvit"] + "  # any resolution; " + timm_input)
+    assert lines[3].startswith(calls["vit"] + "  # exact at 64x64 px only; " + timm_input)
+    assert lines[4] == (
+        f"transformers.RadioModel.from_pretrained('{tmp_path / 'out'}')  # input: pixels in "
+        "[0, 1] (RadioModel normalizes them itself)"
+    )
     # radio_lit.load of that folder names what loads it instead
     with pytest.raises(ValueError, match=r"is a radio-lit export --format timm folder") as error:
         radio_lit.load(tmp_path / "out")

@@ -26,6 +26,7 @@ LAYERS = (
     "students",
     "export",  # the inference model and its files (a RADIO teacher can load one)
     "teachers",
+    "upsamplers",  # FeatSharp: runs teachers, is one (UpsampledTeacher); below the step
     "training",  # the step's parts
     "metrics",
     "cache",

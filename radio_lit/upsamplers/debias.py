@@ -1,0 +1,42 @@
+"""The learned de-biasing buffer (FeatSharp paper 3.3; notes 4.3).
+
+A learnable map ``B [C, h, w]`` on the teacher's token grid, zero at the start, added to every
+teacher output the upsampler sees (the low-resolution pass, each tile, and the training
+targets): multi-view consistency can only be met when the teacher's position-locked noise is
+cancelled, so ``B`` learns its negative.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["BiasBuffer"]
+
+
+class BiasBuffer(nn.Module):
+    """A learned bias on the teacher's ``grid``, added to features ``[B, H, W, C]``.
+
+    Args:
+        dim: channel count ``C``.
+        grid: the teacher's token grid ``(h, w)`` at its native resolution.
+    """
+
+    def __init__(self, dim: int, grid: tuple[int, int]) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(dim, *grid))
+
+    def pattern(self, grid: tuple[int, int]) -> Tensor:
+        """The bias ``[h, w, C]`` on ``grid`` (bilinearly resized if it differs [notes 4.3])."""
+        bias = self.bias
+        if tuple(bias.shape[1:]) != tuple(grid):
+            bias = F.interpolate(bias[None], size=grid, mode="bilinear", align_corners=False)[0]
+        return bias.permute(1, 2, 0)
+
+    def forward(self, features: Tensor, tiles: int = 1) -> Tensor:
+        """``features [B, H, W, C]`` plus the bias; with ``tiles = k`` the map is ``k x k``
+        stitched teacher outputs and each tile gets its own copy of the bias."""
+        height, width = features.shape[1:3]
+        bias = self.pattern((height // tiles, width // tiles)).repeat(tiles, tiles, 1)
+        return features + bias.to(features.dtype)

@@ -1,0 +1,56 @@
+"""The learned attention downsampler of the multi-view objective (FeatSharp paper 3.4; notes
+4.4 step 2).
+
+It maps a high-resolution map back to the teacher's grid as the teacher would see it: a fixed
+``5 x 5`` Gaussian blur, then at every output cell a softmax-weighted average over a
+``9 x 9`` window of the blurred map, with logits from a convolution of the map (a saliency per
+position) plus a learned bias per window tap; in training 20 % of the logits are dropped.
+"""
+
+from __future__ import annotations
+
+import kornia.filters
+import torch
+from torch import Tensor, nn
+
+from radio_lit.upsamplers.windows import weighted_sum, window_taps
+
+__all__ = ["AttentionDownsampler"]
+
+
+class AttentionDownsampler(nn.Module):
+    """``[B, C, k h, k w]`` -> ``[B, C, h, w]`` (module docstring).
+
+    Args:
+        dim: channels ``C``.
+        factor: downsampling factor ``k``.
+        kernel: window side [notes 4.4: 9].
+        blur: side of the fixed Gaussian pre-blur [notes 4.4: 5]; its sigma is ``blur / 5``
+            [choice].
+        dropout: share of logits dropped in training [notes 4.4: 0.2].
+    """
+
+    def __init__(
+        self, dim: int, factor: int, kernel: int = 9, blur: int = 5, dropout: float = 0.2
+    ) -> None:
+        super().__init__()
+        self.factor, self.kernel, self.blur, self.dropout = factor, kernel, blur, dropout
+        self.saliency = nn.Conv2d(dim, 1, 3, padding=1)  # [choice: a 3x3 convolution]
+        self.tap_bias = nn.Parameter(torch.zeros(kernel * kernel))
+
+    def forward(self, x: Tensor) -> Tensor:
+        size = (x.shape[-2] // self.factor, x.shape[-1] // self.factor)
+        sigma = self.blur / 5
+        blurred = kornia.filters.gaussian_blur2d(
+            x, (self.blur, self.blur), (sigma, sigma), border_type="reflect"
+        )
+        values, _, inside = window_taps(blurred, self.kernel, self.factor, size)
+        saliency, _, _ = window_taps(self.saliency(x)[:, 0], self.kernel, self.factor, size)
+        logits = torch.stack(saliency, 1) + self.tap_bias[None, :, None, None]
+        drop = ~inside[None]
+        if self.training and self.dropout > 0:
+            dropped = torch.rand_like(logits) < self.dropout
+            keep_one = (dropped | drop).all(1, keepdim=True)  # never drop a whole window
+            drop = drop | (dropped & ~keep_one)
+        logits = logits.masked_fill(drop, float("-inf"))
+        return weighted_sum(values, logits.softmax(1), dim=1)

@@ -1,0 +1,142 @@
+"""FeatSharp's training as a user runs it: ``radio-lit fit --config
+configs/featsharp/quickstart.yaml`` trains, logs (losses, statistics, PCA panels) and
+checkpoints; an UpsampledTeacher built from the checkpoint is the trained upsampler on the
+teacher it was trained for; a run killed with SIGKILL resumes exactly (slow)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from radio_lit.cli.app import RadioLitCLI
+from radio_lit.teachers import OpenCLIPTeacher
+from radio_lit.upsamplers import FeatSharp, FusionBlock, UpsampledTeacher
+from tests import forking
+from tests.cli.test_resume import kill_when_paused, resumable_callbacks
+from tests.teachers.tiny import TINY_SIGLIP_CFG
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "configs" / "featsharp" / "quickstart.yaml")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The quickstart, 30 steps (a checkpoint and PCA panels at step 30), in this process."""
+    root = tmp_path_factory.mktemp("featsharp")
+    args = [
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--trainer.max_steps=30",
+        "--trainer.val_check_interval=30",
+    ]
+    args += [f"--trainer.logger.init_args.save_dir={root}", "--data.init_args.repeats=4"]
+    cli = RadioLitCLI(args=args)
+    return cli, Path(cli.trainer.log_dir)
+
+
+def test_the_quickstart_trains_logs_and_checkpoints(trained):
+    cli, run = trained
+    assert cli.trainer.global_step == 30
+    events = EventAccumulator(str(run))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/mse", "train/uncertainty", "train/bias_rms", "val/loss"} <= scalars
+    assert {"stats/teacher/alpha", "stats/teacher/effective_rank"} <= scalars  # PHI-S first
+    panels = events.Images("featsharp/pca/0")  # teacher | bilinear | tiles | FeatSharp
+    assert panels and (panels[-1].width, panels[-1].height) == (4 * 128, 128)
+    loss = [e.value for e in events.Scalars("train/mse")]
+    assert sum(loss[-2:]) < sum(loss[:2])  # consistency improves
+    assert float(cli.model.upsampler.bias.bias.abs().max()) > 0  # the bias learns
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 30
+    assert not any(k.startswith("teacher.") for k in saved["state_dict"])  # frozen, not saved
+    assert any(k.startswith("upsampler.normalizer.") for k in saved["state_dict"])
+
+
+def test_an_upsampled_teacher_loads_the_trained_upsampler_and_its_teacher(trained):
+    cli, run = trained
+    cfg = {**TINY_SIGLIP_CFG, "embed_dim": 96}
+    torch.manual_seed(123)  # other random weights: the checkpoint's replace them
+    inner = OpenCLIPTeacher("radio-lit-tiny-siglip2", model_cfg=cfg, resolution=64)
+    upsampler = functools.partial(
+        FeatSharp, factor=3, fusion=functools.partial(FusionBlock, heads=4)
+    )
+    checkpoint = str(run / "checkpoints" / "last.ckpt")
+    teacher = UpsampledTeacher(inner, upsampler, checkpoint=checkpoint, min_student_grid=6)
+    crops = torch.rand(2, 3, 192, 192)
+    trained_module = cli.model.eval()
+    expected = trained_module.upsampler.upsample(trained_module.teacher, crops)
+    out = teacher(crops, teacher.view_size((8, 8)))
+    assert out.features.shape == (2, 12, 12, 96)
+    torch.testing.assert_close(out.features, expected.features)
+    torch.testing.assert_close(out.summary, expected.summary)
+    low = teacher(crops, teacher.view_size((4, 4)))  # a low-resolution grid: the raw teacher
+    torch.testing.assert_close(low.features, trained_module.teacher(crops).features)
+    with pytest.raises(FileNotFoundError, match="radio-lit fit --config configs/featsharp"):
+        UpsampledTeacher(inner, upsampler, checkpoint=str(run / "missing.ckpt"))
+
+
+# -- kill and resume -------------------------------------------------------------------------
+STEPS, KILL_AT = 6, 3
+
+
+def _config(run_dir: Path, pause_at: int | None = None) -> Path:
+    callbacks = [
+        {
+            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+            "init_args": {"steps": 4, "refit_every": 2, "log_spectrum": False},
+        },
+        *resumable_callbacks(run_dir, pause_at),
+    ]
+    config = {
+        "trainer": {
+            "max_steps": STEPS,
+            "logger": False,
+            "default_root_dir": str(run_dir),
+            "enable_model_summary": False,
+            "callbacks": callbacks,
+        },
+        "data": {"init_args": {"val_dir": None, "repeats": 1, "num_workers": 2}},
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "featsharp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _fit(run_dir: Path, *extra: str) -> dict:
+    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(run_dir)), *extra]
+    result = forking.run("radio_lit.cli.app:main", [argv], run_dir / "fit", 600)
+    assert result.exitcode == 0, result.stderr[-1500:]
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow
+def test_a_killed_featsharp_run_resumes_exactly(tmp_path):
+    killed_dir = tmp_path / "killed"
+    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(killed_dir, KILL_AT))]
+    run = forking.start("radio_lit.cli.app:main", [argv], killed_dir / "run", new_session=True)
+    try:
+        uninterrupted = _fit(tmp_path / "whole")
+        last = kill_when_paused(killed_dir, run, KILL_AT)
+    finally:
+        if run.alive():
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(time.monotonic() + 60)
+    resumed = _fit(killed_dir, "--ckpt_path", str(last))
+    assert uninterrupted.keys() == resumed.keys()
+    statistics = [k for k in resumed if k.startswith("upsampler.normalizer.")]
+    assert statistics
+    for key in statistics:
+        assert torch.equal(resumed[key], uninterrupted[key]), key
+    for key in resumed:
+        torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=1e-5, atol=1e-6, msg=key)
