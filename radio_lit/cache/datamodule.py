@@ -32,7 +32,6 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from radio_lit.cache.grouping import grouped_key, grouping_problem, partitions_record, train_steps
 from radio_lit.cache.identity import precision_change, stale
@@ -140,20 +139,14 @@ class ViewSampler(SeededSampler):
         self.views = views
         self.samples = samples
 
-    def _cached(self) -> int:
+    def places(self) -> int:
         """This rank's places of the current view that the cache holds."""
         view, count = self.epoch % self.views, len(self.dataset)  # type: ignore[arg-type]
         places = count if self.samples is None else min(count, self.samples - view * count)
-        return max(0, -(-(places - self.rank) // self.num_replicas))
-
-    def __len__(self) -> int:
-        return min(super().__len__(), self._cached())
+        return min(self.num_samples, max(0, -(-(places - self.rank) // self.num_replicas)))
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
-        cached = self._cached()
-        for index in StatefulDistributedSampler.__iter__(self):
-            if self.yielded > cached:  # counts this one (resumed epochs count skipped ones)
-                return
+        for index in self.indices():
             yield index, self.epoch % self.views
 
 

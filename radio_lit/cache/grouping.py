@@ -15,7 +15,8 @@ changing the step]:
 
 - training at ``W`` ranks, per-rank batch ``B``: rank ``r``'s batch ``t`` holds the items at
   places ``(t B + j) W + r`` (``j < B``) of the epoch's order (torch's ``DistributedSampler``
-  layout, :class:`~radio_lit.data.resumable.SeededSampler`; full batches only);
+  layout, :class:`~radio_lit.data.resumable.SeededSampler`; full batches only; a rank whose
+  partitions use only the first ``b`` rows loads only the places ``j < b``);
 - its partitions take consecutive rows of that batch (:meth:`PartitionPlan.rows`), and each
   teacher runs on its partition's rows at once; a mosaic teacher packs them ``k^2``
   consecutive rows per canvas, the last canvas's unused tiles empty (zeros);

@@ -47,7 +47,8 @@ class ImageDataModule(LightningDataModule):
         seed: base seed of the training order, the crops and the workers' seeds.
 
     Training batches come from a torchdata ``StatefulDataLoader`` whose position Lightning
-    checkpoints: a resumed run continues with the same next sample and the same crop.
+    checkpoints: a resumed run continues with the same next sample and the same crop. A rank
+    whose step uses fewer than ``batch_size`` images (:meth:`use_rows`) loads only those.
     """
 
     #: Collates items into a batch (``None``: stack the ``[3, S, S]`` crops).
@@ -74,12 +75,31 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.val_dir = val_dir
         self.seed = seed
+        #: images of each training batch this rank's step uses (``None``: all; use_rows)
+        self.rows: int | None = None
         self.train_dataset: Dataset[Tensor] | None = None
         self.val_dataset: Dataset[Tensor] | None = None
 
     def build_train_dataset(self) -> Dataset[Tensor]:
         """The training dataset, items ``[3, S, S]`` uint8."""
         raise NotImplementedError
+
+    def use_rows(self, rows: int | None) -> None:
+        """This rank's step uses only the first ``rows`` images of each training batch
+        (``None``: all of them), so only those are loaded and decoded.
+
+        The model says so at its setup, once the run's ranks are known (a rank's partitions
+        take ``rows`` images, radio_lit.training.partitions). The training batches are then
+        ``[rows, 3, S, S]``: the first ``rows`` images, with their crops, of the batches of
+        ``batch_size`` the rank would load otherwise, as many batches per epoch (every rank
+        steps alike under DDP), resumed exactly (:class:`SeededSampler`'s used rows).
+        """
+        if rows is not None and not 0 < rows <= self.batch_size:
+            raise ValueError(
+                f"this rank's step uses {rows} images per batch but data.init_args.batch_size "
+                f"is {self.batch_size}: set data.init_args.batch_size to at least {rows}"
+            )
+        self.rows = None if rows == self.batch_size else rows
 
     def build_val_dataset(self) -> Dataset[Any]:
         """The validation dataset (``val_dir`` is set): the center crops ``[3, S, S]`` uint8
@@ -123,7 +143,7 @@ class ImageDataModule(LightningDataModule):
         plain ordered DataLoader. Worker seeds come from a generator of their own, so
         creating a loader never draws from the global torch RNG that the step uses."""
         options: dict[str, Any] = dict(
-            batch_size=self.batch_size,
+            batch_size=(self.rows or self.batch_size) if train else self.batch_size,
             drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
@@ -144,6 +164,8 @@ class ImageDataModule(LightningDataModule):
             num_replicas=trainer.world_size if trainer is not None else 1,
             rank=trainer.global_rank if trainer is not None else 0,
         )
+        if self.rows is not None:
+            sampler.use_rows(self.rows, self.batch_size)
         return ResumableDataLoader(self.seeded_items(dataset), sampler=sampler, **options)
 
     def train_sampler(self, dataset: Sized, num_replicas: int, rank: int) -> SeededSampler:
@@ -225,7 +247,8 @@ class WebDatasetDataModule(ImageDataModule):
         urls: shard url pattern or list of patterns, brace-expanded, e.g.
             ``"/data/datacomp/{00000..01023}.tar"``.
         samples_per_epoch: training samples per epoch **per rank** (rounded down to whole
-            batches); shards are resampled with replacement, so this defines the epoch.
+            batches); shards are resampled with replacement, so this defines the epoch. A rank
+            whose step uses ``rows`` of each batch (:meth:`use_rows`) reads ``rows`` per batch.
         crop_size: side ``S`` of every crop.
         batch_size: images per batch and per rank.
         num_workers: DataLoader worker processes.
@@ -264,14 +287,25 @@ class WebDatasetDataModule(ImageDataModule):
         self.reduced_decoding = reduced_decoding
 
     def build_train_dataset(self) -> ImageShards:
+        """The shards, yielding ``samples_per_epoch // batch_size`` batches of ``rows`` crops
+        (:meth:`use_rows`; default ``batch_size``) per epoch and rank."""
+        rows = self.rows or self.batch_size
         return ImageShards(
             self.urls,
             train_transform(self.crop_size, self.scale, reduced_decoding=self.reduced_decoding),
-            samples_per_epoch=self.samples_per_epoch,
-            batch_size=self.batch_size,
+            samples_per_epoch=self.samples_per_epoch // self.batch_size * rows,
+            batch_size=rows,
             shuffle_buffer=self.shuffle_buffer,
             seed=self.seed,
         )
+
+    def use_rows(self, rows: int | None) -> None:
+        """As :meth:`ImageDataModule.use_rows`: the shards, built at setup before the model
+        knows its rows, are built again to yield batches of ``rows``."""
+        before = self.rows
+        super().use_rows(rows)
+        if self.train_dataset is not None and self.rows != before:
+            self.train_dataset = self.build_train_dataset()
 
 
 class SyntheticDataModule(ImageDataModule):

@@ -109,6 +109,14 @@ class SeededSampler(StatefulDistributedSampler):
     Lightning creates the data iterator of a resumed run before it calls ``set_epoch``, so
     the epoch must come back with the state for a resumed epoch to keep its order.
 
+    **Used rows** (:meth:`use_rows`): a rank whose step uses only the first ``rows`` images
+    of each batch of ``batch`` (its partitions' share, radio_lit.training.partitions) is
+    given, of its places ``t batch + j`` in the epoch, only those with ``j < rows`` of the
+    full batches (``drop_last``): the same images in the same rows as the whole batch's
+    first ``rows``, with the same crops, and the same number of batches, but the unused ones
+    never decoded. The state stays the position among all the rank's places (skipped ones
+    counted), so a resumed epoch continues exactly.
+
     Args:
         dataset: the map-style dataset (only its length is used).
         num_replicas: number of ranks.
@@ -121,9 +129,38 @@ class SeededSampler(StatefulDistributedSampler):
         self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
+        self.rows: tuple[int, int] | None = None  # (used rows, batch) when use_rows was called
+
+    def use_rows(self, rows: int, batch: int) -> None:
+        """Yield only the first ``rows`` places of each full batch of ``batch`` (see above);
+        the DataLoader's batch size is then ``rows``."""
+        if not 0 < rows <= batch:
+            raise ValueError(f"rows={rows} must be between 1 and the batch size {batch}")
+        self.rows = (rows, batch)
+
+    def places(self) -> int:
+        """This rank's places in the current epoch (subclasses may hold fewer)."""
+        return self.num_samples
+
+    def __len__(self) -> int:
+        if self.rows is None:
+            return self.places()
+        rows, batch = self.rows
+        return self.places() // batch * rows
+
+    def indices(self) -> Iterator[int]:
+        """This rank's dataset indices of the epoch: every place, or only the used rows."""
+        rows, batch = self.rows or (1, 1)  # every place: one row of batches of one
+        end = self.places() // batch * batch  # the full batches' places
+        for index in StatefulDistributedSampler.__iter__(self):
+            place = self.yielded - 1  # counts skipped places, and a resumed epoch's
+            if place >= end:
+                return
+            if place % batch < rows:
+                yield index
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
-        for index in super().__iter__():
+        for index in self.indices():
             yield index, sample_seed(self.seed, self.epoch, index)
 
     def state_dict(self) -> dict[str, Any]:

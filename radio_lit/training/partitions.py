@@ -14,7 +14,9 @@ one each). With fewer ranks than partitions (e.g. one CPU), partition ``i`` runs
 each of its ranks takes ``batch_size / |R_p|`` images. The datamodule yields the same per-rank
 batch on every rank; a rank's partitions take consecutive, disjoint slices of it in partition
 order (so two partitions on one rank never see the same image, as on separate GPUs), and the
-rest of the batch is unused. Set ``data.init_args.batch_size`` to the largest per-rank need
+rest of the batch is unused: at setup each rank tells the datamodule how many rows it uses
+(``use_rows``, radio_lit.data.datamodule), which then loads and decodes only those (the same
+images, as many batches). Set ``data.init_args.batch_size`` to the largest per-rank need
 (e.g. AM-RADIO on 64 GPUs: 32; on one GPU: 1024 + 128 = 1152).
 
 **The update.** On the papers' clusters each GPU averages the loss over its own images and DDP
@@ -375,12 +377,17 @@ class PartitionPlan:
     def setup(self, trainer: Any, statistics: Iterable[Mapping[str, Any]]) -> None:
         """A run's setup (``trainer``: its ``world_size``, ``global_rank``, ``strategy``): place
         the partitions on its ranks (:meth:`place`), refuse its strategy if it does not fit
-        them (:meth:`check_strategy`), both as a :class:`~radio_lit.core.errors.ConfigError`, and
-        give each teacher's statistics (``{teacher: Normalizer}`` mappings) the process group
-        of the ranks that run it (:meth:`process_groups`; every rank calls this)."""
+        them (:meth:`check_strategy`), tell its datamodule the rows this rank uses
+        (``use_rows``: it loads only those), all three as a
+        :class:`~radio_lit.core.errors.ConfigError`, and give each teacher's statistics
+        (``{teacher: Normalizer}`` mappings) the process group of the ranks that run it
+        (:meth:`process_groups`; every rank calls this)."""
         try:
             self.place(trainer.world_size, trainer.global_rank)
             self.check_strategy(trainer.strategy)
+            datamodule = getattr(trainer, "datamodule", None)
+            if hasattr(datamodule, "use_rows"):
+                datamodule.use_rows(self.rank_batch_size())
         except ValueError as error:  # the run's ranks or strategy do not fit model.partitions
             raise ConfigError(str(error)) from error
         if self.single:

@@ -64,8 +64,8 @@ def _module(partitions: bool | str) -> Any:
     return tiny_module(teachers=teachers, normalizer=PhiS, partitions=layout)
 
 
-def _data() -> ImageFolderDataModule:
-    return ImageFolderDataModule(SAMPLE_IMAGES, crop_size=96, batch_size=4, num_workers=0)
+def _data(batch_size: int = 4) -> ImageFolderDataModule:
+    return ImageFolderDataModule(SAMPLE_IMAGES, crop_size=96, batch_size=batch_size, num_workers=0)
 
 
 def _fit(
@@ -90,14 +90,17 @@ def _fit(
     ids=["one-partition", "partitions-multires", "upsampled-teacher"],
 )
 def test_cached_run_equals_live_run(tmp_path: Path, partitions: bool | str) -> None:
-    data = _data()
+    """With two partitions, the data batch (5) is larger than the 4 images the rank's
+    partitions use: the live run and the replay both load only those 4 (``use_rows``)."""
+    batch = 5 if partitions is True else 4
+    data = _data(batch)
     config = {
         "model": {"teachers": {}},
         "data": {"class_path": "ImageFolderDataModule", "init_args": {}},
     }
     write_cache(_module(partitions), data, config, tmp_path / "cache", views=2)
 
-    live = _fit(_module(partitions), _data(), tmp_path / "live")
+    live = _fit(_module(partitions), _data(batch), tmp_path / "live")
     cached = _fit(_module(partitions), CachedViews(str(tmp_path / "cache")), tmp_path / "cached")
 
     assert len(live) == len(cached) == STEPS

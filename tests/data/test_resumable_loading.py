@@ -3,7 +3,9 @@
 A loader is read for a few batches, its state taken as Lightning takes it for a checkpoint,
 and a brand-new loader (as in a resumed process) restored from that state must yield what the
 original yields next: same samples, same random crops, for the image folder and the
-webdataset shards, with 0 and 2 workers, on each of 2 ranks, mid-epoch and at an epoch end.
+webdataset shards, with 0 and 2 workers, on each of 2 ranks, mid-epoch and at an epoch end;
+also for a rank that loads only the first rows of each batch (``use_rows``: its partitions'
+share), whose batches must be those rows of the whole batches.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ class Rank:
         self.global_rank, self.world_size = rank, world_size
 
 
-def loader(make, rank: int, world_size: int):
+def loader(make, rank: int, world_size: int, rows: int | None = None):
     datamodule = make()
     datamodule.trainer = Rank(rank, world_size)
     datamodule.setup("fit")
+    datamodule.use_rows(rows)  # as the model's setup does, after the datamodule's
     return datamodule.train_dataloader()
 
 
@@ -45,18 +48,22 @@ def epochs(dataloader, first: int, count: int, stop_after: int | None = None):
     return batches, state
 
 
-def folder(num_workers: int):
+def folder(num_workers: int, batch_size: int = 2, repeats: int = 1):
     return lambda: ImageFolderDataModule(
-        SAMPLE_IMAGES, crop_size=32, batch_size=2, num_workers=num_workers, repeats=1
+        SAMPLE_IMAGES,
+        crop_size=32,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        repeats=repeats,
     )
 
 
-def shards(shard_dir: Path, num_workers: int):
+def shards(shard_dir: Path, num_workers: int, batch_size: int = 2):
     return lambda: WebDatasetDataModule(
         str(shard_dir / "{00000..00002}.tar"),
-        samples_per_epoch=8,
+        samples_per_epoch=4 * batch_size,
         crop_size=32,
-        batch_size=2,
+        batch_size=batch_size,
         num_workers=num_workers,
         shuffle_buffer=4,
     )
@@ -84,6 +91,49 @@ def test_a_restored_loader_yields_what_the_original_yields_next(
         assert len(actual) == len(expected) - stop_after
         for got, want in zip(actual, expected[stop_after:], strict=True):
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_rank_using_the_first_rows_loads_those_rows_of_the_whole_batches(num_workers):
+    """``use_rows(2)`` of batches of 3: each batch is the first 2 images (same crops) of the
+    whole batch, as many batches per epoch, and a resumed epoch continues exactly."""
+    make = folder(num_workers, batch_size=3, repeats=2)
+    for rank in (0, 1):
+        whole, _ = epochs(loader(make, rank, 2), 0, 2)
+        reference = loader(make, rank, 2, rows=2)
+        per_epoch = len(reference)
+        assert per_epoch == len(whole) // 2 > 1
+        used, state = epochs(reference, 0, 2, stop_after=per_epoch + 1)  # mid-epoch 1
+        assert len(used) == len(whole)
+        for got, want in zip(used, whole, strict=True):
+            assert torch.equal(got, want[:2])
+        resumed = loader(make, rank, 2, rows=2)
+        resumed.load_state_dict(state)
+        actual, _ = epochs(resumed, 1, 1)
+        assert len(actual) == per_epoch - 1
+        for got, want in zip(actual, used[per_epoch + 1 :], strict=True):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("stop_after", [3, 4], ids=["mid-epoch", "epoch-end"])
+def test_shards_of_a_rank_using_the_first_rows_yield_as_many_batches_and_resume(
+    stop_after, shard_dir, monkeypatch
+):
+    """The shards stream ``rows`` crops per batch, the whole batch's count of batches per
+    epoch (ranks step alike under DDP), and resume exactly."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    make = shards(shard_dir, 0, batch_size=3)
+    reference = loader(make, 1, 2, rows=1)
+    assert len(reference) == len(loader(make, 1, 2)) == 4
+    expected, state = epochs(reference, 0, 2, stop_after=stop_after)
+    assert len(expected) == 8 and all(batch.shape[0] == 1 for batch in expected)
+    resumed = loader(make, 1, 2, rows=1)
+    resumed.load_state_dict(state)
+    actual, _ = epochs(resumed, stop_after // 4, 2 - stop_after // 4)
+    assert len(actual) == len(expected) - stop_after
+    for got, want in zip(actual, expected[stop_after:], strict=True):
+        assert torch.equal(got, want)
 
 
 def test_a_seeded_sample_draws_from_its_seed_and_leaves_every_other_generator(monkeypatch):

@@ -40,6 +40,13 @@ def _images(ranks: Result) -> dict[str, list[Tensor]]:
     return {"clip": rank0, "dino": rank0 + rank1, "sam": rank1}
 
 
+def test_each_rank_loads_only_the_images_its_partition_takes(ranks: Result) -> None:
+    """The data batch is 4 per rank; rank 1's partition takes 2, so it loads only 2."""
+    for rank, images in enumerate(RANK_IMAGES.values()):
+        assert ranks[rank]["batches"], f"rank {rank} recorded no batch"
+        assert {len(batch) for batch in ranks[rank]["batches"]} == {images}, f"rank {rank}"
+
+
 def test_each_teacher_pools_exactly_the_ranks_that_run_it(ranks: Result) -> None:
     reference = fit.build_partitioned_module()
     for name, crops in _images(ranks).items():

@@ -180,3 +180,50 @@ def test_resolution_probabilities_and_evaluation_resolution():
         )
     with pytest.raises(ValueError, match="model.partitions.low.eval_resolution=40"):
         PartitionPlan({"low": Partition(eval_resolution=40)}, TEACHERS, (64, 64), 16)
+
+
+@pytest.mark.parametrize(("rank", "uses"), [(0, 4), (1, 2)])
+def test_each_rank_decodes_only_the_images_its_partitions_use(rank, uses, monkeypatch):
+    """C-RADIOv4's layout in small: ``low`` (4 images) on rank 0, ``high`` (2) on rank 1, a
+    data batch of 6 per rank. At setup the model tells the datamodule its rows; each rank's
+    loader then decodes (``__getitem__``) only the images its partition takes, the first rows
+    of the whole batch, as many batches."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from radio_lit.data import SyntheticDataModule, SyntheticImages
+
+    decoded, read = [], SyntheticImages.__getitem__
+
+    def counted(images: SyntheticImages, index: int) -> torch.Tensor:
+        decoded.append(index)
+        return read(images, index)
+
+    monkeypatch.setattr(SyntheticImages, "__getitem__", counted)
+    parts = {"low": Partition(batch_size=4), "high": Partition(batch_size=2)}
+    module = tiny_module(partitions=parts)
+    whole = SyntheticDataModule(num_samples=48, crop_size=64, batch_size=6)
+    trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=DDPStrategy())
+    whole.trainer = trainer
+    whole.setup("fit")
+    expected = list(whole.train_dataloader())
+    data = SyntheticDataModule(num_samples=48, crop_size=64, batch_size=6)
+    data.trainer = trainer
+    module._trainer = SimpleNamespace(**vars(trainer), datamodule=data)
+    data.setup("fit")  # Lightning: the datamodule's setup, then the model's
+    module.setup("fit")
+    decoded.clear()
+    batches = []
+    for batch in data.train_dataloader():
+        batches.append(batch)
+        assert len(decoded) == uses * len(batches)  # decoded per step: what the step uses
+    assert len(batches) == len(expected) == 4
+    for batch, full in zip(batches, expected, strict=True):
+        assert torch.equal(batch, full[:uses])
+        (chunk,) = module.partitions.chunks(batch, train=True)
+        assert chunk.crop.shape[0] == uses
+    small = SyntheticDataModule(num_samples=48, crop_size=64, batch_size=uses - 1)
+    module._trainer = SimpleNamespace(**vars(trainer), datamodule=small)
+    with pytest.raises(ConfigError, match=f"set data.init_args.batch_size to at least {uses}"):
+        module.setup("fit")
