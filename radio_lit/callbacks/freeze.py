@@ -47,13 +47,17 @@ class FreezeBody(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict["steps"])
 
+    def holds(self, step: int) -> bool:
+        """Whether the trunk's gradients are dropped at optimizer step ``step``."""
+        return step < self.steps
+
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
         if trainer.global_step > self.steps:
             return
         trunk = list(distillation_module(pl_module).student.parameters())
-        if trainer.global_step == self.steps:
+        if not self.holds(trainer.global_step):
             restart_optimizer_state(optimizer, trunk)
             return
         for param in trunk:
