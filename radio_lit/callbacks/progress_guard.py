@@ -106,14 +106,18 @@ class TrainingProgressGuard(Callback):
         if groups:  # named, with their values before the update (a copy of the local shards)
             names = {id(p): n for n, p in pl_module.named_parameters()}
             groups = [
-                (name, lrs, [(names.get(id(p), f"{name}[{i}]"), p) for i, p in enumerate(ps)], first)
-                for name, lrs, ps, first in groups
+                (name, lrs, [(names.get(id(p), f"{name}[{i}]"), p) for i, p in enumerate(ps)], new)
+                for name, lrs, ps, new in groups
             ]
             before = [torch._foreach_mul([_local(p) for _, p in ps], 1.0) for *_, ps, _ in groups]
             self._check = _Check(step, optimizer, groups, before)
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
     ) -> None:
         check, self._check = self._check, None
@@ -124,7 +128,10 @@ class TrainingProgressGuard(Callback):
         every = [p for *_, params, _ in check.groups for _, p in params]
         after = [_local(p) for p in every]
         before = [t for ts in check.before for t in ts]
-        grads = [_local(p.grad) if p.grad is not None else a.new_zeros(0) for p, a in zip(every, after)]
+        grads = [
+            _local(p.grad) if p.grad is not None else a.new_zeros(0)
+            for p, a in zip(every, after, strict=True)
+        ]
         # per parameter: gradient norm, change norm, 1 where the gradient is missing
         device = trainer.strategy.root_device
         local = torch.stack(
@@ -140,7 +147,12 @@ class TrainingProgressGuard(Callback):
             span = slice(at, at + len(params))
             at += len(params)
             problem = _problem(
-                name, lrs, [n for n, _ in params], grad_norm[span], change[span], absent[span],
+                name,
+                lrs,
+                [n for n, _ in params],
+                grad_norm[span],
+                change[span],
+                absent[span],
                 first,
             )
             if problem:
@@ -203,7 +215,8 @@ def _problem(
         )
     else:
         cause = "the optimizer skipped them; likely causes: " + _CAUSES
-    return f"{_listed(still)} ({len(still)} of {len(names)} parameters {where}) did not change: {cause}"
+    listed = f"{_listed(still)} ({len(still)} of {len(names)} parameters {where})"
+    return f"{listed} did not change: {cause}"
 
 
 _CAUSES = (
