@@ -83,6 +83,11 @@ class TrainingProgressGuard(Callback):
         self._verified: set[str] = set()
         self._check: _Check | None = None
 
+    @property
+    def checked_groups(self) -> frozenset[str]:
+        """The parameter groups whose first update this fit has checked."""
+        return frozenset(self._verified)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._verified.clear()  # every fit (a resumed one too) checks every first update
 
