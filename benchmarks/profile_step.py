@@ -645,7 +645,9 @@ def copy_counts(events: list[Any]) -> tuple[int, int, int]:
             casts += 1
         elif event.name == "aten::copy_":
             copies += 1
-            shapes, dtypes = event.input_shapes or [], event.input_dtypes or []
+            shapes = event.input_shapes or []
+            # torch 2.11's profiler records no dtypes: 4 bytes an element then
+            dtypes = getattr(event, "input_dtypes", None) or [None] * len(shapes)
             for shape, dtype in list(zip(shapes, dtypes, strict=False))[:2]:
                 numel = 1
                 for side in shape:

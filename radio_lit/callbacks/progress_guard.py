@@ -82,14 +82,23 @@ class TrainingProgressGuard(Callback):
         self.every_n_steps = every_n_steps
         self._verified: set[str] = set()
         self._check: _Check | None = None
+        self._names: dict[int, str] = {}
+        self._trunk: set[int] = set()  # what a FreezeBody holds
 
     @property
     def checked_groups(self) -> frozenset[str]:
         """The parameter groups whose first update this fit has checked."""
         return frozenset(self._verified)
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._verified.clear()  # every fit (a resumed one too) checks every first update
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Every fit (a resumed one too) checks every first update. The parameters are
+        named now, as the optimizer holds them: a module can register other tensors later
+        (FSDP2 swaps in unsharded ones for its forward, and keeps them registered when its
+        backward hooks do not fire)."""
+        self._verified.clear()
+        self._names = {id(p): n for n, p in pl_module.named_parameters()}
+        student = distillation_module(pl_module).student if _freezes(trainer) else None
+        self._trunk = set() if student is None else {id(p) for p in student.parameters()}
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
@@ -99,7 +108,8 @@ class TrainingProgressGuard(Callback):
         self._check = None
         if not periodic and len(self._verified) == len(optimizer.param_groups):
             return  # nothing to check: no work, no copy, no synchronisation
-        frozen = _frozen(trainer, pl_module, step)
+        holds = any(isinstance(c, FreezeBody) and c.holds(step) for c in trainer.callbacks)
+        frozen = self._trunk if holds else set()
         groups = []
         for index, group in enumerate(optimizer.param_groups):
             name = str(group.get("name", f"param_groups[{index}]"))
@@ -109,7 +119,7 @@ class TrainingProgressGuard(Callback):
                 lr = float(group.get("lr", 0.0))  # the update's (the schedule moves it after)
                 groups.append((name, (lr, float(group.get("initial_lr", lr))), params, first))
         if groups:  # named, with their values before the update (a copy of the local shards)
-            names = {id(p): n for n, p in pl_module.named_parameters()}
+            names = self._names
             groups = [
                 (name, lrs, [(names.get(id(p), f"{name}[{i}]"), p) for i, p in enumerate(ps)], new)
                 for name, lrs, ps, new in groups
@@ -230,11 +240,8 @@ _CAUSES = (
 )
 
 
-def _frozen(trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> set[int]:
-    """Ids of the parameters whose gradients a ``FreezeBody`` drops at ``step``."""
-    if not any(isinstance(c, FreezeBody) and c.holds(step) for c in trainer.callbacks):
-        return set()
-    return {id(p) for p in distillation_module(pl_module).student.parameters()}
+def _freezes(trainer: pl.Trainer) -> bool:
+    return any(isinstance(c, FreezeBody) for c in trainer.callbacks)
 
 
 def _local(tensor: Tensor) -> Tensor:
