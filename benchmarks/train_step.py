@@ -78,7 +78,13 @@ from benchmarks.phases import (  # noqa: E402
 
 #: Callbacks of a config that radio-lit's side keeps (the rest change what a steady-state step
 #: does, write files or need a logger).
-KEPT_CALLBACKS = ("NonFiniteGuard", "RandomStates", "SkippedData", "ImagesPerSecond")
+KEPT_CALLBACKS = (
+    "NonFiniteGuard",
+    "TrainingProgressGuard",
+    "RandomStates",
+    "SkippedData",
+    "ImagesPerSecond",
+)
 #: The row of what no named phase covers: Lightning, logging and callbacks; the plain loop's own
 #: lines (batch to the device, zero_grad, scheduler).
 REST = "rest of the step"

@@ -1,9 +1,10 @@
-"""Training callbacks: teacher statistics estimation, trunk freezing, non-finite guard,
-throughput, preemption."""
+"""Training callbacks: teacher statistics estimation, trunk freezing, non-finite and
+training-progress guards, throughput, preemption."""
 
 from radio_lit.callbacks.freeze import FreezeBody
 from radio_lit.callbacks.guard import NonFiniteGuard
 from radio_lit.callbacks.preemption import Preemption
+from radio_lit.callbacks.progress_guard import TrainingProgressGuard
 from radio_lit.callbacks.random_states import RandomStates
 from radio_lit.callbacks.skipped_data import SkippedData
 from radio_lit.callbacks.statistics import TeacherStatsEstimation
@@ -17,4 +18,5 @@ __all__ = [
     "RandomStates",
     "SkippedData",
     "TeacherStatsEstimation",
+    "TrainingProgressGuard",
 ]

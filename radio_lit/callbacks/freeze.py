@@ -53,10 +53,14 @@ class FreezeBody(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict["steps"])
 
+    def holds(self, step: int) -> bool:
+        """Whether the trunk's gradients are dropped at optimizer step ``step``."""
+        return step < self.steps
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        frozen = trainer.global_step < self.steps  # this step's gradients of the trunk drop
+        frozen = self.holds(trainer.global_step)  # this step's gradients of the trunk drop
         distillation_module(pl_module).student_step.trunk_frozen = frozen
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -68,7 +72,7 @@ class FreezeBody(Callback):
         if trainer.global_step > self.steps:
             return
         trunk = list(distillation_module(pl_module).student.parameters())
-        if trainer.global_step == self.steps:
+        if not self.holds(trainer.global_step):
             restart_optimizer_state(optimizer, trunk)
             return
         for param in trunk:

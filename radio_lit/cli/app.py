@@ -239,9 +239,8 @@ class RadioLitCLI(LightningCLI):
                         raise
                     raise known from error
         except (RadioLitError, BuildInterrupted) as error:
-            user_stop = error.exit_code == ConfigError.exit_code or isinstance(
-                error, BuildInterrupted
-            )
+            # a run that trained (NoTrainingProgress: exit 2 too) keeps what it wrote
+            user_stop = isinstance(error, (ConfigError, BuildInterrupted))
             if user_stop and self.trainer.is_global_zero:
                 before.restore()
             raise

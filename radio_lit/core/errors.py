@@ -3,7 +3,8 @@
 A user error (a bad config value, a missing file, an unknown model name, an unsupported size)
 is found while the configured classes are built and printed by ``radio-lit`` as one short
 message that names the config key and the fix, exit code 2, no traceback. A run stopped by a
-training fault (a non-finite loss or gradient) is printed the same way, exit code 1. Set
+training fault (a non-finite loss or gradient) is printed the same way, exit code 1 (a run
+whose update trained nothing: exit code 2, :class:`NoTrainingProgress`). Set
 ``RADIO_LIT_TRACEBACK=1`` to see the full traceback as well.
 """
 
@@ -46,6 +47,14 @@ class TrainingStopped(RadioLitError):
     """A run stopped on purpose (e.g. a non-finite loss), with the reason."""
 
     exit_code = 1
+
+
+class NoTrainingProgress(TrainingStopped):
+    """A run whose update trained nothing (:class:`radio_lit.callbacks.TrainingProgressGuard`):
+    most often a setting (a learning rate of 0) or code that cuts the student from the graph,
+    so the exit code is a user error's; what the run saved before is kept."""
+
+    exit_code = USER_ERROR_EXIT
 
 
 class Preempted(RadioLitError):

@@ -363,7 +363,7 @@ def _forked(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """The real command in subprocesses, concurrently: an error, one with tracebacks on, a
-    diverging run."""
+    diverging run, a run that trains nothing."""
     tmp = tmp_path_factory.mktemp("catalogue")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(TRACEBACK_ENV, None)
@@ -389,8 +389,23 @@ def outcomes(tmp_path_factory):
             ],
             env,
         ),
+        "learning rate 0": (
+            _forked,
+            [
+                *FIT,
+                "--model.optimizer.init_args.lr",
+                "0",
+                "--trainer.max_steps",
+                "4",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp / "lr0"),
+                "--trainer.default_root_dir",
+                str(tmp / "lr0"),
+            ],
+            env,
+        ),
     }
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {name: pool.submit(run, args, e, tmp) for name, (run, args, e) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
 
@@ -426,6 +441,21 @@ def test_a_diverging_run_stops_with_the_cause_and_saves_no_nan(outcomes, tmp_pat
     for checkpoint in run_dir.rglob("*.ckpt"):
         state = torch.load(checkpoint, weights_only=True)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+@pytest.mark.slow
+def test_a_run_that_trains_nothing_stops_at_its_first_update(outcomes, tmp_path_factory):
+    """``radio-lit fit --config configs/quickstart.yaml --model.optimizer.init_args.lr 0``:
+    TrainingProgressGuard stops the first update with one line, exit 2, no checkpoint."""
+    status, stderr = outcomes["learning rate 0"]
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("radio-lit: error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("radio-lit: error: no training progress at step 0: heads.")
+    assert "learning rate is 0" in lines[0]
+    run_dir = next(tmp_path_factory.getbasetemp().glob("catalogue*/lr0"))
+    assert not list(run_dir.rglob("*.ckpt"))
 
 
 def _list_images_command(argv: list[str]) -> None:

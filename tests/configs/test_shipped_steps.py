@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_check import stage_chains
+from radio_lit.callbacks import TrainingProgressGuard
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe
 
@@ -22,9 +23,13 @@ CHAINS = stage_chains(list(CONFIGS.values()))
 
 
 def one_step(cli) -> None:
-    """One optimizer step with the config's own Trainer and callbacks; the loss is finite and
-    the update moved the trainable weights."""
+    """One optimizer step with the config's own Trainer and callbacks; the loss is finite,
+    the update moved the trainable weights, and the config's TrainingProgressGuard checked
+    the first update of every group it trained (the heads; the trunk too unless FreezeBody
+    holds it)."""
     module = cli.model
+    guards = [c for c in cli.trainer.callbacks if isinstance(c, TrainingProgressGuard)]
+    assert len(guards) == 1, "every shipped config stops a run that trains nothing"
     before = {n: p.detach().clone() for n, p in module.trainable_parameters()}
     cli.trainer.fit(module, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 1
@@ -32,6 +37,7 @@ def one_step(cli) -> None:
     after = dict(module.trainable_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before)
     assert all(torch.isfinite(p).all() for p in after.values())
+    assert {"heads_decay", "heads_no_decay"} <= guards[0].checked_groups
 
 
 @pytest.mark.parametrize("name", CPU_SIZED)

@@ -17,11 +17,15 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
 - ``partitions``: DDP as above with two partitions (:func:`build_partitioned_module`), one per
   rank;
 - ``<kind>-ema``: ``<kind>`` with an EMA student and its MESA term (``MESA(decay=0.5)``), whose
-  weights the rank also writes (``ema``, gathered in full).
+  weights the rank also writes (``ema``, gathered in full);
+- ``fsdp2-lr0``: ``fsdp2`` with a learning rate of 0, and ``fsdp2-hidden``: ``fsdp2`` with the
+  student's output a dataclass FSDP2 cannot see (``StudentOutput`` taken out of torch's
+  pytree registry): runs that train nothing, which ``TrainingProgressGuard`` stops.
 
 Tiny CLIP, DINOv2 and SAM teachers, a tiny CPE ViT student, PHI-S normalizers,
 ``TeacherStatsEstimation(steps=2, refit_every=1)``, ``FreezeBody(steps=1)``, ``MAX_STEPS``
-optimizer steps on synthetic images. Each rank writes ``rank{R}.pt`` (see
+optimizer steps on synthetic images, ``TrainingProgressGuard(every_n_steps=1)`` checking every
+step (``checked_groups``: what it checked). Each rank writes ``rank{R}.pt`` (see
 :class:`Recorder`; ``spectral_batches``: how many σReparam layers each computation of
 effective weights took together) and then waits at a barrier, so both files exist when rank 0
 exits.
@@ -33,6 +37,7 @@ import math
 import os
 import sys
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import Tensor
 
-from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
+from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation, TrainingProgressGuard
 from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS
 from radio_lit.students import spectral_reparam
@@ -160,7 +165,7 @@ def main(kind: str, output: Path) -> None:
         strategy = DDPStrategy(
             process_group_backend="gloo", broadcast_buffers=False, timeout=timeout
         )
-    elif kind in ("fsdp2", "fsdp2-blocks"):
+    elif kind in ("fsdp2", "fsdp2-blocks", "fsdp2-lr0", "fsdp2-hidden"):
         strategy = ModelParallelStrategy(
             data_parallel_size=2,
             tensor_parallel_size=1,
@@ -169,12 +174,20 @@ def main(kind: str, output: Path) -> None:
         )
     else:
         raise SystemExit(f"unknown kind {kind!r}: use ddp, fsdp2[-blocks] or partitions[-ema]")
+    if kind == "fsdp2-hidden":  # an output type FSDP2 cannot see (with torch <= 2.13)
+        from torch.utils._pytree import _deregister_pytree_node
+
+        from radio_lit.students.base import StudentOutput
+
+        _deregister_pytree_node(StudentOutput)
 
     if kind == "partitions":
         module = build_partitioned_module()
     else:
         layout = FSDP2(layout="blocks") if kind == "fsdp2-blocks" else DEFAULT_FSDP2
         module = build_module(mesa=MESA(decay=0.5) if ema else None, fsdp2=layout)
+        if kind == "fsdp2-lr0":
+            module.optimizer_factory = partial(torch.optim.AdamW, lr=0.0)
     spectral_batches: list[int] = []
     computed = spectral_reparam.effective_weights
 
@@ -184,6 +197,7 @@ def main(kind: str, output: Path) -> None:
 
     spectral_reparam.effective_weights = counted
     recorder = Recorder()
+    guard = TrainingProgressGuard(every_n_steps=1)
     trainer = cpu_trainer(
         output,
         devices=2,
@@ -192,6 +206,7 @@ def main(kind: str, output: Path) -> None:
         callbacks=[
             TeacherStatsEstimation(steps=STATS_STEPS, refit_every=1),
             FreezeBody(steps=FREEZE_STEPS),
+            guard,
             recorder,
         ],
         limit_val_batches=0,
@@ -209,6 +224,7 @@ def main(kind: str, output: Path) -> None:
         "ema": ema_weights,
         "batches": recorder.batches,
         "spectral_batches": spectral_batches,
+        "checked_groups": sorted(guard.checked_groups),
         "losses": recorder.losses,
         "weights": recorder.weights,
         "requires_grad": recorder.requires_grad,
@@ -232,9 +248,9 @@ def main(kind: str, output: Path) -> None:
             "finite_losses": all(math.isfinite(x) for x in recorder.losses),
         },
     }
-    partial = output / f"rank{rank}.pt.partial"
-    torch.save(result, partial)
-    os.replace(partial, output / f"rank{rank}.pt")
+    written = output / f"rank{rank}.pt.partial"
+    torch.save(result, written)
+    os.replace(written, output / f"rank{rank}.pt")
     trainer.strategy.barrier("results-written")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

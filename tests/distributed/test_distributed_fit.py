@@ -50,6 +50,7 @@ _FOREIGN_ENV_PREFIXES = (
     "PL_",
 )
 _STATS_BUFFERS = ("count", "mean", "m2", "shift", "theta")
+GROUPS = ("trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay")
 
 Result = list[dict[str, Any]]  # one dict per rank
 
@@ -215,6 +216,8 @@ def test_runs_the_real_strategy_on_two_ranks(run: Callable[[str], Result], kind:
         assert info["world_size"] == 2
         assert len(result["losses"]) == fit.MAX_STEPS
         assert info["finite_losses"], f"rank {rank} losses {result['losses']}"
+        # TrainingProgressGuard checked every step (one all-reduce each) and found progress
+        assert result["checked_groups"] == sorted(GROUPS), f"rank {rank}"
     # Each rank trained on its own shard of the data (DistributedSampler).
     for step, (a, b) in enumerate(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True)):
         assert not torch.equal(a, b), f"both ranks saw the same crops at step {step}"
