@@ -35,7 +35,7 @@ from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
 from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
-from radio_lit.cli.overlays import overlay_error
+from radio_lit.cli.overlays import mapping_option, merged_mapping, overlay_error
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.core.errors import (
@@ -70,6 +70,18 @@ class _RunParser(LightningArgumentParser):
 
     #: Whether :meth:`dump` skips validation (while LightningCLI dumps the parsed config).
     parsed_dump = False
+
+    def _check_value_key(
+        self, action: Any, value: Any, key: str, cfg: Namespace | None, append: bool = False
+    ) -> Any:
+        """A mapping keyed by name (``model.teachers``, ``model.partitions``,
+        ``model.feature_weights``...) that a later config gives is merged into the earlier
+        one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
+        than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
+        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.)"""
+        if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
+            value = merged_mapping(value, cfg.get(key) if cfg is not None else None)
+        return super()._check_value_key(action, value, key, cfg, append)
 
     def save(self, cfg: Namespace, path: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("skip_validation", True)

@@ -6,15 +6,25 @@ normalizer / loss / balancer) and ``callbacks/*.yaml`` (callbacks) set no ``data
 :func:`overlay_error` turns that into one line saying the config is an overlay and which full
 config to put before it: the one its own comments show (``radio-lit fit --config BASE --config
 OVERLAY``), else a ``base.yaml`` beside it (the ablation rows' layout), else a shipped one.
+
+A later config merges into the mappings keyed by name that an earlier one set
+(``model.teachers``, ``model.partitions``, and the per-teacher options such as
+``model.feature_weights``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
+:func:`merged_mapping` keeps the entries the later config does not name, and an entry set to
+``null`` removes it (a JSON merge patch, RFC 7386). [choice] jsonargparse replaces a whole
+dict-typed value with each config that gives it; radio-lit's run parser merges instead.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Union, get_args, get_origin
 
 import yaml
+from jsonargparse import Namespace
 
 #: jsonargparse's message for a required section that no config or option gave.
 _REQUIRED = re.compile(r"Option '(\w+)\.([\w.]+)' is required but not provided")
@@ -54,6 +64,31 @@ def overlay_error(message: str, argv: Sequence[str]) -> str | None:
         f"{command}.{key}: no --config sets {key}: {overlay} is an overlay (it sets {sets}) "
         f"to stack on a full config: radio-lit {command} {stacked}"
     )
+
+
+def mapping_option(typehint: Any) -> bool:
+    """Whether an option of type ``typehint`` is a mapping keyed by name (``dict[str, X]``,
+    optionally ``| None``)."""
+    if get_origin(typehint) in (Union, types.UnionType):
+        return any(mapping_option(t) for t in get_args(typehint) if t is not type(None))
+    origin = get_origin(typehint) or typehint
+    return isinstance(origin, type) and issubclass(origin, Mapping)
+
+
+def merged_mapping(value: Any, previous: Any) -> Any:
+    """``value``, a mapping a config (or a whole-mapping flag) gives, merged into the
+    ``previous`` one (an earlier config's): entries of ``previous`` it does not name are kept,
+    the ones it names are its own (merged further by jsonargparse, as a flag's are), and an
+    entry set to ``None`` is removed. Anything else is returned as it is."""
+    if not isinstance(value, dict) or isinstance(value, Namespace):
+        return value
+    merged = dict(previous) if isinstance(previous, dict) else {}
+    for key, entry in value.items():
+        if entry is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = entry
+    return merged
 
 
 def _load(path: Path) -> dict:
