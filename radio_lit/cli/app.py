@@ -33,6 +33,7 @@ from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
+from radio_lit.cli.contracts import check_contracts
 from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import mapping_option, merged_mapping, overlay_error
@@ -267,12 +268,16 @@ class RadioLitCLI(LightningCLI):
     def before_fit(self) -> None:
         check_strategy(self.trainer)
         check_checkpoint_dir(self.trainer, self.model)
+        resuming = self.config_init["fit"].get("ckpt_path") is not None
+        check_contracts(self.trainer, self.model, resuming=resuming)
 
     def before_validate(self) -> None:
         self._require_val_dir("validate")
+        check_contracts(self.trainer, self.model, resuming=True)
 
     def before_test(self) -> None:
         self._require_val_dir("test")
+        check_contracts(self.trainer, self.model, resuming=True)
 
     def after_fit(self) -> None:
         """Print the last validation and evaluation results (:mod:`radio_lit.cli.results`) and

@@ -284,6 +284,24 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         + ["--trainer.callbacks.root", "{tmp}/empty"],
         ["SegmentationProbe root", "images/training/", "ADE20k's layout"],
     ),
+    "an evaluation reading a teacher the model lacks (was: a traceback after training)": (
+        [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.KNNClassification"]
+        + ["--trainer.callbacks.outputs", "[vit]"],
+        ["trainer.callbacks", "KNNClassification reads output 'vit'", "backbone, clip, dino, sam"],
+    ),
+    "a kNN measure on the summary of a teacher without one": (
+        [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.KNNClassification"]
+        + ["--trainer.callbacks.outputs", "[sam]"],
+        ["trainer.callbacks", "summary of 'sam'", "backbone, clip, dino"],
+    ),
+    "a teacher declaring another width than its encoder's (was: a traceback at step 1)": (
+        [*FIT, "--model.teachers.dino.class_path", "tests.cli.miswired.WideDeclaredTeacher"],
+        ["model.teachers.dino", "declares feature_dim 64", "encoder returns 48"],
+    ),
+    "a normalizer that needs statistics, without TeacherStatsEstimation": (
+        [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"],
+        ["trainer.callbacks", "clip, dino, sam (PhiS)", "TeacherStatsEstimation"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],
