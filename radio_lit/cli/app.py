@@ -36,7 +36,12 @@ from radio_lit.cli.commands import overview
 from radio_lit.cli.contracts import check_contracts
 from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
-from radio_lit.cli.overlays import mapping_option, merged_mapping, overlay_error
+from radio_lit.cli.overlays import (
+    mapping_option,
+    merged_mapping,
+    overlay_error,
+    wrong_value_line,
+)
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.core.errors import (
@@ -145,9 +150,10 @@ class RadioLitCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as error:
             argv = sys.argv[1:] if args is None else args
-            overlay = overlay_error(str(error), argv if isinstance(argv, list) else [])
-            if overlay is not None:
-                raise ConfigError(overlay) from error
+            argv = argv if isinstance(argv, list) else []
+            known = overlay_error(str(error), argv) or wrong_value_line(str(error), argv)
+            if known is not None:
+                raise ConfigError(known) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
 

@@ -26,6 +26,8 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from jsonargparse import Namespace
 
+from radio_lit.core.errors import nested_value_error
+
 #: jsonargparse's message for a required section that no config or option gave.
 _REQUIRED = re.compile(r"Option '(\w+)\.([\w.]+)' is required but not provided")
 
@@ -66,6 +68,48 @@ def overlay_error(message: str, argv: Sequence[str]) -> str | None:
     )
 
 
+def wrong_value_line(message: str, argv: Sequence[str]) -> str | None:
+    """One line for a wrong value inside a class's settings
+    (:func:`~radio_lit.core.errors.nested_value_error`): its full key, the value and what was
+    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``. A mapping's entry
+    (``model.teachers.<name>``) is named from the flag or the ``--config`` that set the value."""
+    nested = nested_value_error(message)
+    if nested is None:
+        return None
+    keys, reason, value, class_path = nested
+    if None in keys:
+        at = keys.index(None)
+        name = _entry_setting(keys[:at], keys[at + 2 :], value, argv)
+        keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+    got = "" if value is None else f", got {value!r}"
+    return f"{'.'.join(keys)}: {reason}{got}"
+
+
+def _entry_setting(
+    mapping: list[str], setting: list[str], value: str | None, argv: Sequence[str]
+) -> str | None:
+    """The name of the entry of the mapping at key ``mapping`` (``model.teachers``) whose
+    ``setting`` (``resolution``) a flag of ``argv``, else one of its ``--config`` files, sets
+    (to ``value``, for a config)."""
+    prefix, inner = ".".join(mapping), re.escape(".".join(setting))
+    flag = re.compile(rf"--{re.escape(prefix)}\.(\w+)\.(?:init_args\.)?{inner}(?:=.*)?")
+    for arg in reversed(list(argv)):
+        found = flag.fullmatch(arg)
+        if found is not None:
+            return found.group(1)
+    for path in reversed(config_files(argv)):
+        entries: Any = _load(Path(path)) if Path(path).is_file() else _inline(path)
+        for key in mapping:
+            entries = entries.get(key) if isinstance(entries, dict) else None
+        for name, entry in (entries or {}).items() if isinstance(entries, dict) else ():
+            settings = entry.get("init_args", entry) if isinstance(entry, dict) else None
+            for key in setting:
+                settings = settings.get(key) if isinstance(settings, dict) else None
+            if settings is not None and (value is None or str(settings) == value):
+                return str(name)
+    return None
+
+
 def mapping_option(typehint: Any) -> bool:
     """Whether an option of type ``typehint`` is a mapping keyed by name (``dict[str, X]``,
     optionally ``| None``)."""
@@ -95,6 +139,15 @@ def _load(path: Path) -> dict:
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _inline(text: str) -> dict:
+    """A ``--config`` given as YAML text rather than a file (jsonargparse takes both)."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
         return {}
     return loaded if isinstance(loaded, dict) else {}
 

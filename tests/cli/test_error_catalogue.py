@@ -162,6 +162,18 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.max_steps", "many"],
         ["trainer.max_steps", "Expected a <class 'int'>", "many"],
     ),
+    "a wrong-typed value in a class's settings, from a config": (
+        [*FIT, "--config", "{data: {init_args: {batch_size: eight}}}"],
+        ["data.init_args.batch_size: expected int, got 'eight'"],
+    ),
+    "a wrong-typed value in one teacher's settings, from a flag": (
+        [*FIT, "--model.teachers.dino.init_args.resolution", "big"],
+        ["model.teachers.dino.init_args.resolution: expected int, got 'big'"],
+    ),
+    "a wrong-typed value in one teacher's settings, from a config": (
+        [*FIT, "--config", "{model: {teachers: {sam: {init_args: {resolution: huge}}}}}"],
+        ["model.teachers.sam.init_args.resolution: expected int, got 'huge'"],
+    ),
     "non-positive batch size": (
         [*FIT, "--data.init_args.batch_size", "0"],
         ["data.init_args.batch_size: must be at least 1", "batch_size=0"],
