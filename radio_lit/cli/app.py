@@ -57,6 +57,7 @@ from radio_lit.core.errors import (
     short_message,
     with_suggestions,
 )
+from radio_lit.core.executable import executable
 from radio_lit.distributed.cluster import STOP, check_allocation, stop_building, under_slurm
 from radio_lit.distributed.strategies import check_strategy
 from radio_lit.module import DistillationModule
@@ -222,7 +223,7 @@ class RadioLitCLI(LightningCLI):
             if preemption is None:
                 preemption = Preemption()
                 added.append(preemption)
-            preemption.command = ["radio-lit", *self.command_line]
+            preemption.command = [executable(), *self.command_line]
         if under_slurm():
             kwargs["plugins"] = _without_slurm_requeue(config.get("plugins"))
         wants_bar = config.get("enable_progress_bar", True) is not False

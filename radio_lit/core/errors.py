@@ -390,6 +390,22 @@ def report(error: BaseException, exit_code: int) -> int:
     return exit_code
 
 
+#: The first names of a run's options (``radio-lit fit``'s), which a subcommand's overrides
+#: (:meth:`CommandParser.parse_with_overrides`) must start with.
+RUN_OPTIONS = (
+    "--ckpt_path",
+    "--config",
+    "--data",
+    "--lr_scheduler",
+    "--model",
+    "--optimizer",
+    "--print_config",
+    "--seed_everything",
+    "--trainer",
+    "--weights_only",
+)
+
+
 class CommandParser(argparse.ArgumentParser):
     """``argparse`` parser of a ``radio-lit`` subcommand: a bad argument raises
     :class:`ConfigError` (printed by ``radio-lit`` as one line, exit code 2) and long options
@@ -409,4 +425,10 @@ class CommandParser(argparse.ArgumentParser):
         args, overrides = self.parse_known_args(list(argv))
         if overrides and not overrides[0].startswith("--"):
             self.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+        for override in overrides:
+            key = override.split("=", 1)[0]
+            if key.startswith("--") and key.split(".", 1)[0].rstrip("+") not in RUN_OPTIONS:
+                own = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+                message = with_suggestions(f"Unrecognized arguments: {key}", own + [*RUN_OPTIONS])
+                raise ConfigError(f"{self.prog}: {message}")
         return args, overrides

@@ -314,6 +314,18 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"],
         ["trainer.callbacks", "clip, dino, sam (PhiS)", "TeacherStatsEstimation"],
     ),
+    "evaluate with a misspelt option": (
+        ["evaluate", "--ckpt_pat", "{tmp}/nope.ckpt"],
+        ["radio-lit evaluate", "--ckpt_pat", "did you mean '--ckpt_path'"],
+    ),
+    "cache with a misspelt option": (
+        ["cache", "--config", QUICKSTART, "--out", "{tmp}/cache", "--dtyp", "float16"],
+        ["radio-lit cache", "--dtyp", "did you mean '--dtype'"],
+    ),
+    "ablate with a misspelt option": (
+        ["ablate", "--row-se", "c-radio"],
+        ["radio-lit ablate", "--row-se", "did you mean '--row-set'"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],
