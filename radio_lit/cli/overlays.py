@@ -8,8 +8,9 @@ config to put before it: the one its own comments show (``radio-lit fit --config
 OVERLAY``), else a ``base.yaml`` beside it (the ablation rows' layout), else a shipped one.
 
 A later config merges into the mappings keyed by name that an earlier one set
-(``model.teachers``, ``model.partitions``, and the per-teacher options such as
-``model.feature_weights``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
+(``model.teachers``, ``model.partitions``, the per-teacher options such as
+``model.feature_weights``, and any mapping inside a class's settings such as a teacher's
+``model_kwargs``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
 :func:`merged_mapping` keeps the entries the later config does not name, and an entry set to
 ``null`` removes it (a JSON merge patch, RFC 7386). [choice] jsonargparse replaces a whole
 dict-typed value with each config that gives it; radio-lit's run parser merges instead.

@@ -57,22 +57,25 @@ def test_the_quickstart_overlay_names_its_base_and_a_full_stack_is_left_alone(
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 
 
-def _resolved(tmp_path, capsys, overlay: dict, *flags: str) -> dict:
-    """The config ``radio-lit fit --config configs/quickstart.yaml --config OVERLAY FLAGS...
-    --print_config`` prints."""
+def _resolved(tmp_path, capsys, overlay: dict | list[dict], *flags: str) -> dict:
+    """The config ``radio-lit fit --config configs/quickstart.yaml --config OVERLAY...
+    FLAGS... --print_config`` prints."""
     from radio_lit.cli.app import main
 
-    path = tmp_path / "overlay.yaml"
-    path.write_text(yaml.safe_dump(overlay))
+    configs = ["--config", QUICKSTART]
+    for i, layer in enumerate(overlay if isinstance(overlay, list) else [overlay]):
+        path = tmp_path / f"overlay{i}.yaml"
+        path.write_text(yaml.safe_dump(layer))
+        configs += ["--config", str(path)]
     with pytest.raises(SystemExit) as stopped:
-        main(["fit", "--config", QUICKSTART, "--config", str(path), *flags, "--print_config"])
+        main(["fit", *configs, *flags, "--print_config"])
     assert stopped.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
 
 
 def test_an_overlay_changing_one_teacher_keeps_the_others(tmp_path, capsys) -> None:
-    kwargs = {"depth": 1, "embed_dim": 48, "num_heads": 2, "img_size": 56}
-    overlay = {"model": {"teachers": {"dino": {"init_args": {"model_kwargs": kwargs}}}}}
+    overlay = {"model": {"teachers": {"dino": {"init_args": {"model_kwargs": {"depth": 1}}}}}}
+    kwargs = {"depth": 1, "embed_dim": 48, "num_heads": 2, "img_size": 56}  # the rest kept
     model = _resolved(tmp_path, capsys, overlay, "--model.feature_weights.sam", "2")["model"]
     quickstart = yaml.safe_load(Path(QUICKSTART).read_text())["model"]["teachers"]
     assert list(model["teachers"]) == ["clip", "dino", "sam"]
@@ -100,6 +103,21 @@ def test_an_overlay_removes_a_teacher_and_a_per_teacher_entry_by_null(tmp_path, 
     assert list(model["teachers"]) == ["clip", "dino"]
     assert model["feature_weights"] == {"clip": 4.0}
     assert model["summary_weights"] == {"clip": 0.5, "dino": 2.0}
+
+
+def test_a_later_overlay_changes_one_partition_and_keeps_the_other(tmp_path, capsys) -> None:
+    partitions = {
+        "low_res": {"batch_size": 4, "resolutions": [64]},
+        "high_res": {"batch_size": 2, "resolutions": [128]},
+    }
+    layers = [
+        {"model": {"partitions": partitions}},
+        {"model": {"partitions": {"high_res": {"batch_size": 1}}}},
+    ]
+    model = _resolved(tmp_path, capsys, layers)["model"]
+    assert model["partitions"]["low_res"]["batch_size"] == 4
+    assert model["partitions"]["high_res"]["batch_size"] == 1
+    assert model["partitions"]["high_res"]["resolutions"] == [128]
 
 
 #: A fourth teacher, a tiny timm ViT with random weights.
