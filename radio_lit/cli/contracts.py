@@ -41,7 +41,11 @@ def check_contracts(trainer: pl.Trainer, module: pl.LightningModule, *, resuming
     check_evaluations(trainer.callbacks, module.teachers)  # type: ignore[attr-defined]
     check_teacher_widths(module.teachers)
     if not resuming:
-        check_statistics(trainer.callbacks, module.normalizers)  # type: ignore[attr-defined]
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        identity = "use --model.normalizer radio_lit.normalizers.Identity"
+        check_statistics(callbacks, module.normalizers, "normalizers", identity)
+        fixed = "give fixed ones in --model.summary_loss.dispersion"
+        check_statistics(callbacks, module.dispersions, "summary dispersions", fixed)
 
 
 def check_evaluations(callbacks: list[Any], teachers: Mapping[str, Teacher]) -> None:
@@ -98,20 +102,23 @@ def check_teacher_widths(teachers: Mapping[str, Teacher]) -> None:
                 )
 
 
-def check_statistics(callbacks: list[Any], normalizers: Mapping[str, Any]) -> None:
-    """Normalizers that need teacher statistics have a :class:`TeacherStatsEstimation`."""
+def check_statistics(
+    callbacks: list[Any], statistics: Mapping[str, Any], what: str, instead: str
+) -> None:
+    """The teacher statistics ``statistics`` (each teacher's normalizer, or its summary
+    dispersion under ``AngleBalanced``) that need estimating have a
+    :class:`TeacherStatsEstimation` to estimate them; ``instead`` is the other way out."""
     if any(isinstance(c, TeacherStatsEstimation) for c in callbacks):
         return
     needing = {
-        name: type(n).__name__
-        for name, n in normalizers.items()
-        if n.requires_statistics and not n.is_fitted
+        name: type(s).__name__
+        for name, s in statistics.items()
+        if s.requires_statistics and not s.is_fitted
     }
     if needing:
         kinds = ", ".join(sorted(set(needing.values())))
         raise ConfigError(
-            f"trainer.callbacks: the normalizers of {', '.join(needing)} ({kinds}) need teacher "
+            f"trainer.callbacks: the {what} of {', '.join(needing)} ({kinds}) need teacher "
             "statistics, and no radio_lit.callbacks.TeacherStatsEstimation estimates them: add "
-            "it (--trainer.callbacks+ radio_lit.callbacks.TeacherStatsEstimation), or use "
-            "--model.normalizer radio_lit.normalizers.Identity"
+            f"it (--trainer.callbacks+ radio_lit.callbacks.TeacherStatsEstimation), or {instead}"
         )

@@ -314,6 +314,12 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"],
         ["trainer.callbacks", "clip, dino, sam (PhiS)", "TeacherStatsEstimation"],
     ),
+    "an estimated summary dispersion, without TeacherStatsEstimation": (
+        [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"]
+        + ["--model.normalizer", "radio_lit.normalizers.Identity"]
+        + ["--model.summary_loss", "radio_lit.losses.AngleBalanced"],
+        ["trainer.callbacks", "summary dispersions of clip, dino", "AngularDispersion"],
+    ),
     "evaluate with a misspelt option": (
         ["evaluate", "--ckpt_pat", "{tmp}/nope.ckpt"],
         ["radio-lit evaluate", "--ckpt_pat", "did you mean '--ckpt_path'"],
