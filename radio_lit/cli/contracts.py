@@ -7,11 +7,16 @@ module exist and before anything trains (``radio-lit fit``, ``validate``, ``test
 - every evaluation callback (:mod:`radio_lit.evaluation`) reads outputs the model has
   (``backbone`` and its teachers' names), and a summary where it needs one;
 - each live teacher's declared ``feature_dim`` / ``summary_dim`` is what its encoder returns
-  for one view at its resolution (one teacher forward of one image at build: milliseconds for
-  the tiny teachers of the tests, about one training step's teacher cost for a large teacher,
-  on the device the teacher is built on; a teacher built on the meta device is not run);
-- a normalizer that needs teacher statistics has a ``TeacherStatsEstimation`` callback to
-  estimate them, unless the run resumes a checkpoint that holds them.
+  for one view at its resolution: one teacher forward of one image at build, on the run's
+  device (milliseconds for the tiny teachers of the tests; for a large teacher built on the
+  CPU, that forward plus one copy of its weights to the device and back, seconds); a teacher
+  built on the meta device, or read from a teacher-feature cache, is not run;
+- a normalizer (or ``AngleBalanced``'s summary dispersion) that needs teacher statistics has
+  a ``TeacherStatsEstimation`` callback to estimate them, unless the run resumes a checkpoint
+  that holds them.
+
+A model other than :class:`~radio_lit.module.DistillationModule` (``configs/featsharp/``) is
+not checked.
 
 A broken contract is a :class:`~radio_lit.core.errors.ConfigError`: one line, exit status 2,
 and the run folder left as it was (:class:`~radio_lit.cli.runs.RunFolderState`), where
@@ -39,7 +44,7 @@ def check_contracts(trainer: pl.Trainer, module: pl.LightningModule, *, resuming
     if not isinstance(module, DistillationModule):
         return
     check_evaluations(trainer.callbacks, module.teachers)  # type: ignore[attr-defined]
-    check_teacher_widths(module.teachers)
+    check_teacher_widths(module.teachers, trainer.strategy.root_device)
     if not resuming:
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
         identity = "use --model.normalizer radio_lit.normalizers.Identity"
@@ -72,23 +77,28 @@ def check_evaluations(callbacks: list[Any], teachers: Mapping[str, Teacher]) -> 
                 )
 
 
-def check_teacher_widths(teachers: Mapping[str, Teacher]) -> None:
+def check_teacher_widths(teachers: Mapping[str, Teacher], device: torch.device) -> None:
     """Each live teacher's ``feature_dim`` and ``summary_dim`` against one encode of a view
-    ``[1, 3, R, R]`` at its resolution ``R`` (drawn from a generator of its own: the run's
-    random streams are untouched; the teacher's speed options, compilation included, are
-    bypassed)."""
+    ``[1, 3, R, R]`` at its resolution ``R``, on ``device`` (the run's: an FP8 teacher runs
+    only there), the teacher put back where it was after. The view is drawn from a generator
+    of its own (the run's random streams are untouched); the teacher's compilation is
+    bypassed."""
     for name, teacher in teachers.items():
         weight = next(teacher.parameters(), None)
         if not teacher.live or (weight is not None and weight.is_meta):
             continue
-        device = weight.device if weight is not None else torch.device("cpu")
+        home = weight.device if weight is not None else device
         side = teacher.resolution
         crop = torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(0))
-        view = teacher.view(crop.to(device))
-        if weight is not None and weight.is_floating_point():
-            view = view.to(weight.dtype)
-        with torch.no_grad(), torch.autocast(device.type, enabled=False):
-            out = teacher.encode(view)
+        teacher.to(device)
+        try:
+            view = teacher.view(crop.to(device))
+            if weight is not None and weight.is_floating_point():
+                view = view.to(weight.dtype)
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+                out = teacher.encode(view)
+        finally:
+            teacher.to(home)
         got = (out.features.shape[-1], None if out.summary is None else out.summary.shape[-1])
         declared = (teacher.feature_dim, teacher.summary_dim)
         names = ("feature_dim", "summary_dim")
