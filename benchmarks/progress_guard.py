@@ -2,14 +2,15 @@
 
 The config (default: the quickstart) is built by radio-lit's parser with random weights on one
 device as ``benchmarks/train_step.py`` builds it (``benchmarks/harness.py``), its teacher
-statistics fitted once on one batch of its data, and its Trainer fits that batch over and
-over, with the callbacks ``benchmarks/train_step.py`` keeps and a
-``TrainingProgressGuard(every_n_steps=2)``: every other step is a checked one (the copy of the parameters before the update, the fused norms, the
-reduction and its one read), the others are what most steps of a run are. The guard's own hooks
-are timed on each step, and so is each whole step (from one ``on_train_batch_end`` to the
-next). Printed: the median step without the guard's time, the median time of the guard on a
-checked and on an unchecked step, and the guard's share of a run's time when it checks one step
-in ``--every`` (its default ``every_n_steps``; the first update of each group is one such
+statistics fitted once on one batch of its data, and its Trainer fits that batch over and over,
+with the callbacks ``benchmarks/train_step.py`` keeps and a
+``TrainingProgressGuard(every_n_steps=2)``: every other step is a checked one (the copy of the
+parameters before the update, the fused norms, the reduction and its one read), the others are
+what most steps of a run are. The guard's own hooks are timed on each step, and so is each whole
+step (from one ``on_train_batch_end`` to the next). Printed: the median step without the guard's
+time, the median time of the guard on a checked and on an unchecked step, and the guard's share
+of a run's time when it checks one step in ``--every`` (its default ``every_n_steps``; the first
+update of each group is one such
 check)::
 
     python benchmarks/progress_guard.py                       # the quickstart, CPU
