@@ -172,7 +172,9 @@ class TrainingProgressGuard(Callback):
             span = slice(at, at + len(params))
             at += len(params)
             zero = [g == 0 and a == 0 for g, a in zip(grad_norm[span], absent[span], strict=True)]
-            if first and any(zero) and self._zero_updates.get(name, 0) < ZERO_GRADIENT_UPDATES:
+            missing = any(a > 0 for a in absent[span])  # not reached at all: judged at once
+            waited = self._zero_updates.get(name, 0)
+            if first and any(zero) and not missing and waited < ZERO_GRADIENT_UPDATES:
                 self._zero_updates[name] = self._zero_updates.get(name, 0) + 1
                 continue  # judged again at the next update (ZERO_GRADIENT_UPDATES)
             problem = _problem(
