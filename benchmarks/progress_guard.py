@@ -1,19 +1,21 @@
 """What TrainingProgressGuard costs a training step, against the step itself, in one process.
 
-The config (default: the quickstart) is built by radio-lit's parser with random weights
-(``benchmarks/profile_step.py``'s ``build``), its teacher statistics fitted once on one batch
-of its data, and its Trainer fits that batch over and over, with the callbacks
-``benchmarks/train_step.py`` keeps and a ``TrainingProgressGuard(every_n_steps=2)``: every
-other step is a checked one (the copy of the parameters before the update, the fused norms, the
-reduction and its one read), the others are what most steps of a run are. The guard's own hooks
-are timed on each step, and so is each whole step (from one ``on_train_batch_end`` to the
-next). Printed: the median step without the guard's time, the median time of the guard on a
-checked and on an unchecked step, and the guard's share of a run's time when it checks one step
-in ``--every`` (its default ``every_n_steps``; the first update of each group is one such
+The config (default: the quickstart) is built by radio-lit's parser with random weights on one
+device as ``benchmarks/train_step.py`` builds it (``benchmarks/harness.py``), its teacher
+statistics fitted once on one batch of its data, and its Trainer fits that batch over and over,
+with the callbacks ``benchmarks/train_step.py`` keeps and a
+``TrainingProgressGuard(every_n_steps=2)``: every other step is a checked one (the copy of the
+parameters before the update, the fused norms, the reduction and its one read), the others are
+what most steps of a run are. The guard's own hooks are timed on each step, and so is each whole
+step (from one ``on_train_batch_end`` to the next). Printed: the median step without the guard's
+time, the median time of the guard on a checked and on an unchecked step, and the guard's share
+of a run's time when it checks one step in ``--every`` (its default ``every_n_steps``; the first
+update of each group is one such
 check)::
 
     python benchmarks/progress_guard.py                       # the quickstart, CPU
     python benchmarks/progress_guard.py --config configs/stage1.yaml --teacher-depth 1
+    python benchmarks/progress_guard.py --config configs/stage1.yaml --device cuda --teacher-depth 8
 """
 
 from __future__ import annotations
@@ -32,16 +34,13 @@ if str(ROOT) not in sys.path:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps")
+    from benchmarks import harness
+
+    parser = harness.step_arguments(__doc__, "timed steps (default 30)")
+    parser.set_defaults(steps=30, warmup=3)
     parser.add_argument("--every", type=int, default=100, help="a run's steps per check")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--teacher-depth", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args, overrides = parser.parse_known_args(argv)
-    args.pretrained = False
+    args.batch_size = None
     return args, overrides
 
 
@@ -68,23 +67,25 @@ def main(argv: list[str] | None = None) -> None:
     import lightning.pytorch as pl
     import torch
 
-    from benchmarks.profile_step import build
-    from benchmarks.train_step import (
-        KEPT_CALLBACKS,
-        first_batch,
-        fit_statistics,
-        make_loader,
-        quiet,
-    )
+    from benchmarks import harness
+    from benchmarks.train_step import KEPT_CALLBACKS, device_overrides
     from radio_lit.callbacks import TrainingProgressGuard
 
-    quiet()
+    harness.quiet()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cli = build(args, overrides, extra_steps=0)
-    batch = first_batch(cli)
+    one_device, _ = device_overrides(harness.load_config(args.config), args)
+    steps_run = args.warmup + args.steps
+    cli = harness.build(
+        args.config,
+        [*one_device, *overrides],
+        max_steps=steps_run,
+        device=args.device,
+        teacher_depth=args.teacher_depth,
+    )
+    batch = harness.first_batch(cli.datamodule)
     device = torch.device(args.device)
-    fit_statistics(cli.model, batch, device)  # as train_step.py: no estimation steps
+    harness.fit_statistics(cli.model, batch, device)  # as train_step.py: no estimation steps
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(c).__name__ in KEPT_CALLBACKS and not isinstance(c, TrainingProgressGuard)
     ]
     trainer.callbacks[:] = [*kept, guard, StepClock()]  # StepClock's hook after the guard's
-    trainer.fit(cli.model, train_dataloaders=make_loader(batch, args.warmup + args.steps))
+    trainer.fit(cli.model, train_dataloaders=harness.in_memory([batch] * steps_run))
     assert guard.checked_groups, "the guard checked nothing"
     # spent[k]: the guard's time in step k; steps[k - 1]: step k, from step k-1's end to its own
     measured = range(args.warmup, len(steps) + 1)

@@ -10,7 +10,10 @@ checks it. This guard does:
 
 - at the first optimizer step that updates a parameter group (a group of the trunk only when
   :class:`~radio_lit.callbacks.FreezeBody` has released it), every trainable parameter of
-  the group has a finite gradient that is not all zero, and its value changed;
+  the group has a finite gradient that is not all zero, and its value changed (a gradient
+  that is present but all zero may stay so for :data:`ZERO_GRADIENT_UPDATES` updates: the
+  layers before a zero-initialized output layer get exactly zero gradients at its first
+  update, and nonzero ones once it has moved);
 - afterwards, every ``every_n_steps`` steps, each group's update is still not zero.
 
 Under DDP and FSDP2 each rank measures its local shards and the ranks agree through one
@@ -39,6 +42,11 @@ from radio_lit.core.errors import NoTrainingProgress
 #: not to 0) is not asked to move: near the end of a cosine schedule to 0, an update can round
 #: to nothing in float32.
 ANNEALED = 1e-3
+#: Updates during which a group's first check accepts gradients that reached a parameter but
+#: are all zero (``[choice]``): a zero-initialized last layer (an output that starts at 0, as
+#: FeatSharp's uncertainty net's) gives the layers before it zero gradients at its first
+#: update only. A missing gradient (not reached by the backward pass) fails at once.
+ZERO_GRADIENT_UPDATES = 3
 
 
 @dataclass
@@ -84,6 +92,7 @@ class TrainingProgressGuard(Callback):
         self._check: _Check | None = None
         self._names: dict[int, str] = {}
         self._trunk: set[int] = set()  # what a FreezeBody holds
+        self._zero_updates: dict[str, int] = {}  # first checks that met only zero gradients
 
     @property
     def checked_groups(self) -> frozenset[str]:
@@ -96,6 +105,7 @@ class TrainingProgressGuard(Callback):
         (FSDP2 swaps in unsharded ones for its forward, and keeps them registered when its
         backward hooks do not fire)."""
         self._verified.clear()
+        self._zero_updates.clear()
         self._names = {id(p): n for n, p in pl_module.named_parameters()}
         student = distillation_module(pl_module).student if _freezes(trainer) else None
         self._trunk = set() if student is None else {id(p) for p in student.parameters()}
@@ -161,6 +171,12 @@ class TrainingProgressGuard(Callback):
         for name, lrs, params, first in check.groups:
             span = slice(at, at + len(params))
             at += len(params)
+            zero = [g == 0 and a == 0 for g, a in zip(grad_norm[span], absent[span], strict=True)]
+            missing = any(a > 0 for a in absent[span])  # not reached at all: judged at once
+            waited = self._zero_updates.get(name, 0)
+            if first and any(zero) and not missing and waited < ZERO_GRADIENT_UPDATES:
+                self._zero_updates[name] = self._zero_updates.get(name, 0) + 1
+                continue  # judged again at the next update (ZERO_GRADIENT_UPDATES)
             problem = _problem(
                 name,
                 lrs,

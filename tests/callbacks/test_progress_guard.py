@@ -104,3 +104,39 @@ def test_a_skipped_step_is_not_judged(tmp_path):
     guard = TrainingProgressGuard(every_n_steps=1)
     fit(tmp_path, tiny_module(), PoisonGradient(step=1), NonFiniteGuard(max_skipped_steps=1), guard)
     assert saved_step(tmp_path) == 4
+
+
+class ZeroInitializedHead(pl.Callback):
+    """Starts every feature head's last layer at zero (an output that starts at 0): the
+    layers before it get exactly zero gradients at the first update only."""
+
+    def on_fit_start(self, trainer, pl_module):
+        for pair in pl_module.heads.values():
+            torch.nn.init.zeros_(pair.features.out.weight)
+            torch.nn.init.zeros_(pair.features.out.bias)
+
+
+def test_a_zero_initialized_output_layer_trains_without_a_stop(tmp_path):
+    """Zero gradients that reached the parameters are judged again at the next updates."""
+    torch.manual_seed(0)
+    guard = TrainingProgressGuard(every_n_steps=0)
+    trainer = fit(tmp_path, tiny_module(), ZeroInitializedHead(), guard, max_steps=4)
+    assert trainer.global_step == 4
+    assert {"heads_decay", "heads_no_decay"} <= guard.checked_groups
+
+
+class MultipliedByZero(pl.Callback):
+    """Multiplies the student's first block's output by 0: its gradients stay all zero."""
+
+    def on_fit_start(self, trainer, pl_module):
+        pl_module.student.blocks[0].register_forward_hook(lambda m, i, out: 0 * out)
+
+
+def test_gradients_that_stay_zero_stop_the_run_after_the_grace_updates(tmp_path):
+    from radio_lit.callbacks.progress_guard import ZERO_GRADIENT_UPDATES
+
+    torch.manual_seed(0)
+    with pytest.raises(NoTrainingProgress, match="got no gradient or an all-zero one") as stop:
+        fit(tmp_path, tiny_module(), MultipliedByZero(), TrainingProgressGuard(), max_steps=8)
+    assert f"at step {ZERO_GRADIENT_UPDATES}:" in str(stop.value)
+    assert "blocks.0." in str(stop.value)

@@ -11,37 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from tests import forking
-from tests.cli.test_resume import ROOT, kill_when_paused, resumable_callbacks
+from tests.cli.test_resume import ROOT, kill_when_paused, run_overlay
 
 CONFIG = str(ROOT / "configs" / "quickstart-c-radio.yaml")
 STEPS, KILL_AT = 6, 2
 
 
 def _write(run_dir: Path, pause_at: int | None = None) -> Path:
-    callbacks = [
-        {
-            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
-            "init_args": {"steps": 4, "refit_every": 1},
-        },
-        *resumable_callbacks(run_dir, pause_at),
-    ]
-    config = {
-        "trainer": {
-            "max_steps": STEPS,
-            "logger": False,
-            "default_root_dir": str(run_dir),
-            "enable_model_summary": False,
-            "callbacks": callbacks,
-        },
-        "data": {"init_args": {"val_dir": None, "repeats": 1, "crop_size": 96}},
+    statistics = {
+        "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+        "init_args": {"steps": 4, "refit_every": 1},
     }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    data = {"val_dir": None, "repeats": 1, "crop_size": 96}
+    return run_overlay(run_dir, [statistics], data, STEPS, pause_at)
 
 
 def _argv(config: Path, *extra: str) -> list[str]:

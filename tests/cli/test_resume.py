@@ -60,6 +60,33 @@ def resumable_callbacks(run_dir: Path, pause_at: int | None = None) -> list[dict
     return callbacks
 
 
+def run_overlay(
+    run_dir: Path,
+    callbacks: list[dict],
+    data: dict,
+    steps: int,
+    pause_at: int | None = None,
+    name: str = "run.yaml",
+) -> Path:
+    """An overlay config in ``run_dir``: ``steps`` steps, no logger, ``callbacks`` then the
+    resumable ones (a checkpoint after every step; paused at ``pause_at``), ``data``'s
+    ``init_args``."""
+    config = {
+        "trainer": {
+            "max_steps": steps,
+            "logger": False,
+            "default_root_dir": str(run_dir),
+            "enable_model_summary": False,
+            "callbacks": [*callbacks, *resumable_callbacks(run_dir, pause_at)],
+        },
+        "data": {"init_args": data},
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
     """The quickstart with a tiny schedule, a checkpoint after every step, 2 workers."""
     callbacks = [
@@ -69,30 +96,9 @@ def write_config(run_dir: Path, pause_at: int | None = None) -> Path:
         },
         {"class_path": "radio_lit.callbacks.FreezeBody", "init_args": {"steps": FROZEN}},
         {"class_path": "radio_lit.callbacks.NonFiniteGuard"},
-        *resumable_callbacks(run_dir, pause_at),
     ]
-    config = {
-        "trainer": {
-            "max_steps": STEPS,
-            "logger": False,
-            "default_root_dir": str(run_dir),
-            "enable_model_summary": False,
-            "callbacks": callbacks,
-        },
-        "data": {
-            "init_args": {
-                "val_dir": None,
-                "repeats": 1,
-                "batch_size": 4,
-                "crop_size": 96,
-                "num_workers": 2,
-            }
-        },
-    }
-    path = run_dir / "run.yaml"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
-    return path
+    data = {"val_dir": None, "repeats": 1, "batch_size": 4, "crop_size": 96, "num_workers": 2}
+    return run_overlay(run_dir, callbacks, data, STEPS, pause_at)
 
 
 def argv(config: Path, *extra: str) -> list[str]:

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from radio_lit.cli.app import RadioLitCLI
 from radio_lit.teachers import OpenCLIPTeacher
 from radio_lit.upsamplers import FeatSharp, FusionBlock, UpsampledTeacher
 from tests import forking
-from tests.cli.test_resume import kill_when_paused, resumable_callbacks
+from tests.cli.test_resume import kill_when_paused, run_overlay
 from tests.teachers.tiny import TINY_SIGLIP_CFG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,27 +89,12 @@ STEPS, KILL_AT = 6, 3
 
 
 def _config(run_dir: Path, pause_at: int | None = None) -> Path:
-    callbacks = [
-        {
-            "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
-            "init_args": {"steps": 4, "refit_every": 2, "log_spectrum": False},
-        },
-        *resumable_callbacks(run_dir, pause_at),
-    ]
-    config = {
-        "trainer": {
-            "max_steps": STEPS,
-            "logger": False,
-            "default_root_dir": str(run_dir),
-            "enable_model_summary": False,
-            "callbacks": callbacks,
-        },
-        "data": {"init_args": {"val_dir": None, "repeats": 1, "num_workers": 2}},
+    statistics = {
+        "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
+        "init_args": {"steps": 4, "refit_every": 2, "log_spectrum": False},
     }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "featsharp.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    data = {"val_dir": None, "repeats": 1, "num_workers": 2}
+    return run_overlay(run_dir, [statistics], data, STEPS, pause_at, "featsharp.yaml")
 
 
 def _fit(run_dir: Path, *extra: str) -> dict:
