@@ -425,10 +425,12 @@ class CommandParser(argparse.ArgumentParser):
         args, overrides = self.parse_known_args(list(argv))
         if overrides and not overrides[0].startswith("--"):
             self.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
-        for override in overrides:
+        for at, override in enumerate(overrides):
             key = override.split("=", 1)[0]
             if key.startswith("--") and key.split(".", 1)[0].rstrip("+") not in RUN_OPTIONS:
+                value = overrides[at + 1 : at + 2] if "=" not in override else []
+                given = " ".join([override, *(v for v in value if not v.startswith("--"))])
                 own = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-                message = with_suggestions(f"Unrecognized arguments: {key}", own + [*RUN_OPTIONS])
+                message = with_suggestions(f"Unrecognized arguments: {given}", own + [*RUN_OPTIONS])
                 raise ConfigError(f"{self.prog}: {message}")
         return args, overrides
