@@ -33,9 +33,15 @@ from radio_lit.callbacks.progress import LineProgress
 from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
+from radio_lit.cli.contracts import check_contracts
 from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
-from radio_lit.cli.overlays import overlay_error
+from radio_lit.cli.overlays import (
+    mapping_option,
+    merged_mapping,
+    overlay_error,
+    wrong_value_line,
+)
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.core.errors import (
@@ -51,6 +57,7 @@ from radio_lit.core.errors import (
     short_message,
     with_suggestions,
 )
+from radio_lit.core.executable import executable
 from radio_lit.distributed.cluster import STOP, check_allocation, stop_building, under_slurm
 from radio_lit.distributed.strategies import check_strategy
 from radio_lit.module import DistillationModule
@@ -63,13 +70,26 @@ _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc")
 
 
 class _RunParser(LightningArgumentParser):
-    """Writes a run's ``config.yaml``, and dumps the config into the module's hyperparameters
+    """Merges a later config's mappings into the earlier ones' (:meth:`_check_value_key`).
+    Writes a run's ``config.yaml``, and dumps the config into the module's hyperparameters
     (:meth:`RadioLitCLI._dump_config`), without validating the config a second time: it was
     validated when parsed, and validating checks every class value again (0.2-0.5 s of each
     command's start; what is written is the same)."""
 
     #: Whether :meth:`dump` skips validation (while LightningCLI dumps the parsed config).
     parsed_dump = False
+
+    def _check_value_key(
+        self, action: Any, value: Any, key: str, cfg: Namespace | None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A mapping keyed by name (``model.teachers``, ``model.partitions``,
+        ``model.feature_weights``...) that a later config gives is merged into the earlier
+        one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
+        than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
+        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.)"""
+        if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
+            value = merged_mapping(value, cfg.get(key) if cfg is not None else None)
+        return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
 
     def save(self, cfg: Namespace, path: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("skip_validation", True)
@@ -132,9 +152,10 @@ class RadioLitCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as error:
             argv = sys.argv[1:] if args is None else args
-            overlay = overlay_error(str(error), argv if isinstance(argv, list) else [])
-            if overlay is not None:
-                raise ConfigError(overlay) from error
+            argv = argv if isinstance(argv, list) else []
+            known = overlay_error(str(error), argv) or wrong_value_line(str(error), argv)
+            if known is not None:
+                raise ConfigError(known) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
 
@@ -203,7 +224,7 @@ class RadioLitCLI(LightningCLI):
             if preemption is None:
                 preemption = Preemption()
                 added.append(preemption)
-            preemption.command = ["radio-lit", *self.command_line]
+            preemption.command = [executable(), *self.command_line]
         if under_slurm():
             kwargs["plugins"] = _without_slurm_requeue(config.get("plugins"))
         wants_bar = config.get("enable_progress_bar", True) is not False
@@ -255,12 +276,16 @@ class RadioLitCLI(LightningCLI):
     def before_fit(self) -> None:
         check_strategy(self.trainer)
         check_checkpoint_dir(self.trainer, self.model)
+        resuming = self.config_init["fit"].get("ckpt_path") is not None
+        check_contracts(self.trainer, self.model, resuming=resuming)
 
     def before_validate(self) -> None:
         self._require_val_dir("validate")
+        check_contracts(self.trainer, self.model, resuming=True)
 
     def before_test(self) -> None:
         self._require_val_dir("test")
+        check_contracts(self.trainer, self.model, resuming=True)
 
     def after_fit(self) -> None:
         """Print the last validation and evaluation results (:mod:`radio_lit.cli.results`) and

@@ -24,6 +24,7 @@ from radio_lit.cache.manifest import DTYPES
 from radio_lit.cache.writer import write_cache
 from radio_lit.cli.app import RadioLitCLI
 from radio_lit.core.errors import CommandParser
+from radio_lit.core.executable import executable
 
 __all__ = ["fit_command", "main", "run_extent"]
 
@@ -113,7 +114,7 @@ def fit_command(configs: Sequence[str], overrides: Sequence[str], out: Path) -> 
         if not (option == "--data" or option.startswith(("--data.", "--data="))):
             kept += [option, *value]
     data = ["--data", "radio_lit.cache.CachedViews", "--data.path", str(out)]
-    return ["radio-lit", "fit", *(a for c in configs for a in ("--config", c)), *kept, *data]
+    return [executable(), "fit", *(a for c in configs for a in ("--config", c)), *kept, *data]
 
 
 def _build_run(args: list[str]) -> Any:

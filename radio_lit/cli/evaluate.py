@@ -37,7 +37,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from tqdm.auto import tqdm
 
-from radio_lit.core.errors import ConfigError, checkpoint_file
+from radio_lit.core.errors import ConfigError, checkpoint_file, with_suggestions
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.knn import KNNClassification
 from radio_lit.evaluation.pca import PCAFeatureImages
@@ -88,6 +88,7 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
     """Entry point of ``radio-lit evaluate``; returns the printed ``(tag, value)`` rows: the
     scalars, then each curve's points as ``<tag>@<x>px``."""
     args, rest = _split(list(argv))
+    _check_measure_options(rest)
     options = parser().parse_args(args)
     if (options.ckpt_path is None) == (options.model_path is None):
         raise ConfigError("radio-lit evaluate: give exactly one of --ckpt_path or --model_path")
@@ -137,6 +138,21 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
             i += 1
         i += 1
     return mine, rest
+
+
+#: The options that choose the measures (:func:`_callbacks`), beside the command's own.
+_MEASURE_OPTIONS = ("-c", "--config", "--trainer.callbacks", "--trainer.callbacks+")
+
+
+def _check_measure_options(rest: list[str]) -> None:
+    """Refuse, before the checkpoint is read, an option that is neither the command's own nor
+    one that chooses the measures, with the closest known one suggested."""
+    for arg in rest:
+        key = arg.split("=", 1)[0]
+        if key.startswith("-") and not key.startswith(_MEASURE_OPTIONS):
+            known = [f"--{a.dest}" for a in parser()._actions if a.dest != "help"]
+            message = with_suggestions(f"Unrecognized arguments: {key}", known + ["--config"])
+            raise ConfigError(f"radio-lit evaluate: {message}")
 
 
 def _run_cli(run_config: str) -> Any:

@@ -6,15 +6,28 @@ normalizer / loss / balancer) and ``callbacks/*.yaml`` (callbacks) set no ``data
 :func:`overlay_error` turns that into one line saying the config is an overlay and which full
 config to put before it: the one its own comments show (``radio-lit fit --config BASE --config
 OVERLAY``), else a ``base.yaml`` beside it (the ablation rows' layout), else a shipped one.
+
+A later config merges into the mappings keyed by name that an earlier one set
+(``model.teachers``, ``model.partitions``, the per-teacher options such as
+``model.feature_weights``, and any mapping inside a class's settings such as a teacher's
+``model_kwargs``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
+:func:`merged_mapping` keeps the entries the later config does not name, and an entry set to
+``null`` removes it (a JSON merge patch, RFC 7386). [choice] jsonargparse replaces a whole
+dict-typed value with each config that gives it; radio-lit's run parser merges instead.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Union, get_args, get_origin
 
 import yaml
+from jsonargparse import Namespace
+
+from radio_lit.core.errors import nested_value_error
 
 #: jsonargparse's message for a required section that no config or option gave.
 _REQUIRED = re.compile(r"Option '(\w+)\.([\w.]+)' is required but not provided")
@@ -56,10 +69,86 @@ def overlay_error(message: str, argv: Sequence[str]) -> str | None:
     )
 
 
+def wrong_value_line(message: str, argv: Sequence[str]) -> str | None:
+    """One line for a wrong value inside a class's settings
+    (:func:`~radio_lit.core.errors.nested_value_error`): its full key, the value and what was
+    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``. A mapping's entry
+    (``model.teachers.<name>``) is named from the flag or the ``--config`` that set the value."""
+    nested = nested_value_error(message)
+    if nested is None:
+        return None
+    keys, reason, value, class_path = nested
+    if None in keys:
+        at = keys.index(None)
+        name = _entry_setting(keys[:at], keys[at + 2 :], value, argv)
+        keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+    got = "" if value is None else f", got {value!r}"
+    return f"{'.'.join(keys)}: {reason}{got}"
+
+
+def _entry_setting(
+    mapping: list[str], setting: list[str], value: str | None, argv: Sequence[str]
+) -> str | None:
+    """The name of the entry of the mapping at key ``mapping`` (``model.teachers``) whose
+    ``setting`` (``resolution``) a flag of ``argv``, else one of its ``--config`` files, sets
+    (to ``value``, for a config)."""
+    prefix, inner = ".".join(mapping), re.escape(".".join(setting))
+    flag = re.compile(rf"--{re.escape(prefix)}\.(\w+)\.(?:init_args\.)?{inner}(?:=.*)?")
+    for arg in reversed(list(argv)):
+        found = flag.fullmatch(arg)
+        if found is not None:
+            return found.group(1)
+    for path in reversed(config_files(argv)):
+        entries: Any = _load(Path(path)) if Path(path).is_file() else _inline(path)
+        for key in mapping:
+            entries = entries.get(key) if isinstance(entries, dict) else None
+        for name, entry in (entries or {}).items() if isinstance(entries, dict) else ():
+            settings = entry.get("init_args", entry) if isinstance(entry, dict) else None
+            for key in setting:
+                settings = settings.get(key) if isinstance(settings, dict) else None
+            if settings is not None and (value is None or str(settings) == value):
+                return str(name)
+    return None
+
+
+def mapping_option(typehint: Any) -> bool:
+    """Whether an option of type ``typehint`` is a mapping keyed by name (``dict[str, X]``,
+    optionally ``| None``)."""
+    if get_origin(typehint) in (Union, types.UnionType):
+        return any(mapping_option(t) for t in get_args(typehint) if t is not type(None))
+    origin = get_origin(typehint) or typehint
+    return isinstance(origin, type) and issubclass(origin, Mapping)
+
+
+def merged_mapping(value: Any, previous: Any) -> Any:
+    """``value``, a mapping a config (or a whole-mapping flag) gives, merged into the
+    ``previous`` one (an earlier config's): entries of ``previous`` it does not name are kept,
+    the ones it names are its own (merged further by jsonargparse, as a flag's are), and an
+    entry set to ``None`` is removed. Anything else is returned as it is."""
+    if not isinstance(value, dict) or isinstance(value, Namespace):
+        return value
+    merged = dict(previous) if isinstance(previous, dict) else {}
+    for key, entry in value.items():
+        if entry is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = entry
+    return merged
+
+
 def _load(path: Path) -> dict:
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _inline(text: str) -> dict:
+    """A ``--config`` given as YAML text rather than a file (jsonargparse takes both)."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
         return {}
     return loaded if isinstance(loaded, dict) else {}
 

@@ -137,6 +137,71 @@ def short_message(error: BaseException) -> str:
     return ("\n".join(reasons) or message).split("\nNot a valid subclass of ", 1)[0]
 
 
+#: A line of jsonargparse's nested report: a key, a class value, the value given.
+_KEY_LINE = re.compile(r'^(\s*)(?:- )?Parser key "([\w.]+)":\s*$')
+_CLASS_LINE = re.compile(r"^(\s*)(?:- )?Problem with given class_path '([\w.]+)':\s*$")
+_VALUE_LINE = re.compile(r"^\s*Given value: (.*)$")
+_GOT_VALUE = re.compile(r"^(.*?)\.? Got value: (.*)$")
+_NOT_A_REASON = ("Does not validate", "Subtypes:", "Errors:", "Given value", "Problem with")
+
+
+def nested_value_error(message: str) -> tuple[list[str], str, str | None, str | None] | None:
+    """A wrong value inside a class's settings, from jsonargparse's nested report (``Parser
+    key "data": ... Problem with given class_path '...': Parser key "batch_size": Expected a
+    <class 'int'>. Got value: eight``): ``(keys, reason, value, class_path)``, the keys from
+    the outermost (``["data", "init_args", "batch_size"]``), ``None`` where a mapping's entry
+    name stands (``model.teachers.<name>``: the report does not say which) and ``class_path``
+    the class whose setting it is. ``None`` when ``message`` is no such report."""
+    lines = message.splitlines()
+    chain: list[tuple[int, str]] = []  # (indent, key or class path), outermost first
+    for line in lines:
+        found = _KEY_LINE.match(line) or _CLASS_LINE.match(line)
+        if found is None:
+            continue
+        indent = len(found.group(1))
+        while chain and chain[-1][0] >= indent:
+            chain.pop()
+        chain.append((indent, ("class:" if found.re is _CLASS_LINE else "") + found.group(2)))
+    if len(chain) < 3 or chain[-1][1].startswith("class:"):
+        return None
+    keys: list[str | None] = []
+    class_path = None
+    for _, part in chain:
+        if part.startswith("class:"):
+            class_path = part.removeprefix("class:")
+            # a class given directly (data) or as one entry of a mapping (model.teachers.dino)
+            keys.extend([None, "init_args"] if keys and keys[-1] in _MAPPINGS else ["init_args"])
+        else:
+            keys.extend(part.split("."))
+    deepest = max(i for i, line in enumerate(lines) if _KEY_LINE.match(line))
+    indent = chain[-1][0]
+    reasons, value = [], None
+    for line in lines[deepest + 1 :]:
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        text = line.strip().removeprefix("- ")
+        given = _VALUE_LINE.match(line)
+        if given is not None:
+            value = given.group(1) if value is None else value
+        elif (
+            text
+            and not text.startswith(_NOT_A_REASON)
+            and not line.strip().startswith(_NOT_REASONS)
+        ):
+            got = _GOT_VALUE.match(text)
+            if got is not None:
+                text, value = got.group(1), got.group(2)
+            reasons.append(text)
+    if not reasons:
+        return None
+    reason = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", "; ".join(reasons))
+    return keys, reason, value, class_path  # type: ignore[return-value]
+
+
+#: The mappings of classes keyed by name, whose entry a nested report does not name.
+_MAPPINGS = ("teachers", "partitions", "normalizer_overrides", "grid_policy_overrides")
+
+
 def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
     """``path`` checked as a readable training checkpoint, else a :class:`ConfigError`.
 
@@ -325,6 +390,22 @@ def report(error: BaseException, exit_code: int) -> int:
     return exit_code
 
 
+#: The first names of a run's options (``radio-lit fit``'s), which a subcommand's overrides
+#: (:meth:`CommandParser.parse_with_overrides`) must start with.
+RUN_OPTIONS = (
+    "--ckpt_path",
+    "--config",
+    "--data",
+    "--lr_scheduler",
+    "--model",
+    "--optimizer",
+    "--print_config",
+    "--seed_everything",
+    "--trainer",
+    "--weights_only",
+)
+
+
 class CommandParser(argparse.ArgumentParser):
     """``argparse`` parser of a ``radio-lit`` subcommand: a bad argument raises
     :class:`ConfigError` (printed by ``radio-lit`` as one line, exit code 2) and long options
@@ -344,4 +425,12 @@ class CommandParser(argparse.ArgumentParser):
         args, overrides = self.parse_known_args(list(argv))
         if overrides and not overrides[0].startswith("--"):
             self.error(f"unexpected argument {overrides[0]!r}; overrides are --section.key value")
+        for at, override in enumerate(overrides):
+            key = override.split("=", 1)[0]
+            if key.startswith("--") and key.split(".", 1)[0].rstrip("+") not in RUN_OPTIONS:
+                value = overrides[at + 1 : at + 2] if "=" not in override else []
+                given = " ".join([override, *(v for v in value if not v.startswith("--"))])
+                own = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+                message = with_suggestions(f"Unrecognized arguments: {given}", own + [*RUN_OPTIONS])
+                raise ConfigError(f"{self.prog}: {message}")
         return args, overrides

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -69,6 +69,9 @@ class Evaluation(Callback):
             of ``fit``).
     """
 
+    #: Whether the outputs it reads need a summary vector (a teacher without one, SAM, cannot).
+    reads_summaries: ClassVar[bool] = False
+
     def __init__(self, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
             raise ValueError(
@@ -82,6 +85,12 @@ class Evaluation(Callback):
     def evaluate(self, view: ModelView) -> Report:
         """Run the measure on ``view`` (every rank calls it; the report is the same on all)."""
         raise NotImplementedError
+
+    def outputs_read(self) -> list[str]:
+        """The model outputs (``"backbone"``, teacher names) the measure reads: its
+        ``outputs`` argument where it has one. Checked against the model's when the run is
+        built (:mod:`radio_lit.cli.contracts`)."""
+        return list(getattr(self, "outputs", None) or [])
 
     def required_teachers(self) -> list[str]:
         """Teachers the measure cannot run without (beyond the student's estimates)."""

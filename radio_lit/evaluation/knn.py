@@ -88,6 +88,8 @@ class KNNClassification(Evaluation):
         every_n_steps: see :class:`~radio_lit.evaluation.base.Evaluation`.
     """
 
+    reads_summaries = True
+
     def __init__(
         self,
         train_dir: str = SAMPLE_CLASSES,

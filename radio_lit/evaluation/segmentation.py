@@ -155,6 +155,9 @@ class SegmentationProbe(Evaluation):
         self.max_train_images, self.max_val_images = max_train_images, max_val_images
         self.sample_count, self.seed, self.num_workers = sample_count, seed, num_workers
 
+    def outputs_read(self) -> list[str]:
+        return [self.output]
+
     def evaluate(self, view: ModelView) -> Report:
         train = _limit(
             segmentation_set(self.root, "training", self.sample_count), self.max_train_images

@@ -77,6 +77,8 @@ class ZeroShotClassification(Evaluation):
         every_n_steps: see :class:`~radio_lit.evaluation.base.Evaluation`.
     """
 
+    reads_summaries = True
+
     def __init__(
         self,
         teacher: str = "clip",
@@ -110,6 +112,9 @@ class ZeroShotClassification(Evaluation):
         self.batch_size, self.num_workers = batch_size, num_workers
         self._weights: Tensor | None = None
         self._teacher_predictions: dict[int, Tensor] = {}
+
+    def outputs_read(self) -> list[str]:
+        return [self.teacher]
 
     def required_teachers(self) -> list[str]:
         return [self.teacher]

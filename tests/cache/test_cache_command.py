@@ -307,6 +307,7 @@ def test_bad_options_give_one_line(
     assert status == 2 and "unexpected argument 'stray'" in error
     status, error = _run([*base, "--view", "2"], capsys)  # never taken for --views
     assert status == 2 and "Unrecognized arguments: --view 2" in error
+    assert "did you mean '--views'" in error
     assert not list(tmp_path.iterdir())  # nothing written
 
 

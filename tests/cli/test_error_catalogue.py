@@ -162,6 +162,18 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.max_steps", "many"],
         ["trainer.max_steps", "Expected a <class 'int'>", "many"],
     ),
+    "a wrong-typed value in a class's settings, from a config": (
+        [*FIT, "--config", "{data: {init_args: {batch_size: eight}}}"],
+        ["data.init_args.batch_size: expected int, got 'eight'"],
+    ),
+    "a wrong-typed value in one teacher's settings, from a flag": (
+        [*FIT, "--model.teachers.dino.init_args.resolution", "big"],
+        ["model.teachers.dino.init_args.resolution: expected int, got 'big'"],
+    ),
+    "a wrong-typed value in one teacher's settings, from a config": (
+        [*FIT, "--config", "{model: {teachers: {sam: {init_args: {resolution: huge}}}}}"],
+        ["model.teachers.sam.init_args.resolution: expected int, got 'huge'"],
+    ),
     "non-positive batch size": (
         [*FIT, "--data.init_args.batch_size", "0"],
         ["data.init_args.batch_size: must be at least 1", "batch_size=0"],
@@ -283,6 +295,42 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.SegmentationProbe"]
         + ["--trainer.callbacks.root", "{tmp}/empty"],
         ["SegmentationProbe root", "images/training/", "ADE20k's layout"],
+    ),
+    "an evaluation reading a teacher the model lacks (was: a traceback after training)": (
+        [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.KNNClassification"]
+        + ["--trainer.callbacks.outputs", "[vit]"],
+        ["trainer.callbacks", "KNNClassification reads output 'vit'", "backbone, clip, dino, sam"],
+    ),
+    "a kNN measure on the summary of a teacher without one": (
+        [*FIT, "--trainer.callbacks+", "radio_lit.evaluation.KNNClassification"]
+        + ["--trainer.callbacks.outputs", "[sam]"],
+        ["trainer.callbacks", "summary of 'sam'", "backbone, clip, dino"],
+    ),
+    "a teacher declaring another width than its encoder's (was: a traceback at step 1)": (
+        [*FIT, "--model.teachers.dino.class_path", "tests.cli.miswired.WideDeclaredTeacher"],
+        ["model.teachers.dino", "declares feature_dim 64", "encoder returns 48"],
+    ),
+    "a normalizer that needs statistics, without TeacherStatsEstimation": (
+        [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"],
+        ["trainer.callbacks", "clip, dino, sam (PhiS)", "TeacherStatsEstimation"],
+    ),
+    "an estimated summary dispersion, without TeacherStatsEstimation": (
+        [*FIT, "--trainer.callbacks", "[{class_path: radio_lit.callbacks.FreezeBody}]"]
+        + ["--model.normalizer", "radio_lit.normalizers.Identity"]
+        + ["--model.summary_loss", "radio_lit.losses.AngleBalanced"],
+        ["trainer.callbacks", "summary dispersions of clip, dino", "AngularDispersion"],
+    ),
+    "evaluate with a misspelt option": (
+        ["evaluate", "--ckpt_pat", "{tmp}/nope.ckpt"],
+        ["radio-lit evaluate", "--ckpt_pat", "did you mean '--ckpt_path'"],
+    ),
+    "cache with a misspelt option": (
+        ["cache", "--config", QUICKSTART, "--out", "{tmp}/cache", "--dtyp", "float16"],
+        ["radio-lit cache", "--dtyp", "did you mean '--dtype'"],
+    ),
+    "ablate with a misspelt option": (
+        ["ablate", "--row-se", "c-radio"],
+        ["radio-lit ablate", "--row-se", "did you mean '--row-set'"],
     ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
