@@ -25,24 +25,35 @@ class AttentionDownsampler(nn.Module):
         dim: channels ``C``.
         factor: downsampling factor ``k``.
         kernel: window side [notes 4.4: 9].
-        blur: side of the fixed Gaussian pre-blur [notes 4.4: 5]; its sigma is ``blur / 5``
-            [choice].
+        blur: side of the fixed Gaussian pre-blur [notes 4.4: 5].
+        sigma: the pre-blur's standard deviation in high-resolution cells [FeatSharp's code:
+            ``exp(-x² / sqrt(1/2))``, ``sigma = 2^(-3/4) ≈ 0.59``]. It must stay below the
+            teacher's own pooling: a ``k x k`` cell average has a standard deviation of
+            ``sqrt((k² - 1) / 12)`` (0.82 for ``k = 3``), and a softmax window (positive
+            weights) only widens the blur, so a wider pre-blur leaves no downsampler that
+            matches the teacher and the upsampler must over-sharpen to meet the targets.
         dropout: share of logits dropped in training [notes 4.4: 0.2].
     """
 
     def __init__(
-        self, dim: int, factor: int, kernel: int = 9, blur: int = 5, dropout: float = 0.2
+        self,
+        dim: int,
+        factor: int,
+        kernel: int = 9,
+        blur: int = 5,
+        sigma: float = 2.0**-0.75,
+        dropout: float = 0.2,
     ) -> None:
         super().__init__()
-        self.factor, self.kernel, self.blur, self.dropout = factor, kernel, blur, dropout
+        self.factor, self.kernel, self.dropout = factor, kernel, dropout
+        self.blur, self.sigma = blur, sigma
         self.saliency = nn.Conv2d(dim, 1, 3, padding=1)  # [choice: a 3x3 convolution]
         self.tap_bias = nn.Parameter(torch.zeros(kernel * kernel))
 
     def forward(self, x: Tensor) -> Tensor:
         size = (x.shape[-2] // self.factor, x.shape[-1] // self.factor)
-        sigma = self.blur / 5
         blurred = kornia.filters.gaussian_blur2d(
-            x, (self.blur, self.blur), (sigma, sigma), border_type="reflect"
+            x, (self.blur, self.blur), (self.sigma, self.sigma), border_type="reflect"
         )
         values, _, inside = window_taps(blurred, self.kernel, self.factor, size)
         saliency, _, _ = window_taps(self.saliency(x)[:, 0], self.kernel, self.factor, size)

@@ -169,3 +169,22 @@ def test_seams_weigh_twice_and_average_one():
     assert abs(float(weights.mean()) - 1) < 1e-6
     assert float(weights[3, 0] / weights[1, 1]) == pytest.approx(2.0)  # tile row 0|1 seam
     assert float(weights[0, 0]) == float(weights[1, 1])  # the image border is no seam
+
+
+def test_the_attention_downsampler_can_match_the_teachers_cell_average():
+    """The pre-blur is narrower than a ``3 x 3`` cell average, so window weights exist that
+    reproduce the teacher's own pooling (a wider blur forces the upsampler to over-sharpen)."""
+    torch.manual_seed(0)
+    down = AttentionDownsampler(4, 3, dropout=0.0)
+    with torch.no_grad():
+        down.saliency.weight.zero_()
+        down.saliency.bias.zero_()
+    x = torch.randn(8, 4, 24, 24)
+    target = F.avg_pool2d(x, 3)
+    optimizer = torch.optim.Adam([down.tap_bias], lr=0.1)
+    for _ in range(200):
+        error = (down(x) - target).square().mean() / target.square().mean()
+        optimizer.zero_grad()
+        error.backward()
+        optimizer.step()
+    assert float(error) < 0.1
