@@ -9,7 +9,6 @@ position) plus a learned bias per window tap; in training 20 % of the logits are
 
 from __future__ import annotations
 
-import kornia.filters
 import torch
 from torch import Tensor, nn
 
@@ -52,7 +51,9 @@ class AttentionDownsampler(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         size = (x.shape[-2] // self.factor, x.shape[-1] // self.factor)
-        blurred = kornia.filters.gaussian_blur2d(
+        from kornia.filters import gaussian_blur2d  # kornia: imported by FeatSharp's use only
+
+        blurred = gaussian_blur2d(
             x, (self.blur, self.blur), (self.sigma, self.sigma), border_type="reflect"
         )
         values, _, inside = window_taps(blurred, self.kernel, self.factor, size)

@@ -10,9 +10,7 @@ expressed in that map's cells (:func:`cell_matrix`).
 
 from __future__ import annotations
 
-import kornia.augmentation as K
 import torch
-from kornia.geometry.transform import warp_perspective
 from torch import Tensor, nn
 
 __all__ = ["JitteredViews", "cell_matrix", "warp_cells"]
@@ -36,6 +34,8 @@ class JitteredViews(nn.Module):
         if count < 1:
             raise ValueError(f"JitteredViews: count must be at least 1, got {count}")
         self.count = count
+        import kornia.augmentation as K  # kornia is imported by FeatSharp's training only
+
         self.augment = K.AugmentationSequential(
             K.RandomAffine(degrees, scale=(1 - zoom, 1 + zoom), p=1.0),
             K.RandomPerspective(perspective, p=1.0),
@@ -50,6 +50,8 @@ class JitteredViews(nn.Module):
         # one warp by the composed matrix, reflecting at the border [choice] (the objective
         # weighs the part of a view the image covers)
         size = (images.shape[-2], images.shape[-1])
+        from kornia.geometry.transform import warp_perspective
+
         views = warp_perspective(
             repeated, matrices, size, padding_mode="reflection", align_corners=True
         )
@@ -76,4 +78,6 @@ def warp_cells(
     ``warp_perspective``, bilinear)."""
     size = (features.shape[-2], features.shape[-1])
     warp = cell_matrix(matrix, cell)
+    from kornia.geometry.transform import warp_perspective
+
     return warp_perspective(features, warp, size, padding_mode=padding_mode, align_corners=True)
