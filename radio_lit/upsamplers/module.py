@@ -56,6 +56,14 @@ DownsamplerFactory = Callable[[int, int], nn.Module]
 #: The checkpoint entry that holds a random-weight teacher's weights (``keep_teacher_weights``).
 TEACHER_WEIGHTS = "featsharp_teacher_weights"
 
+#: Learning rates relative to the optimizer's, by parameter-name prefix (``lr_scales``):
+#: JBU 0.2 and uncertainty 0.02 [notes 4.4], the de-biasing buffer 10 [choice].
+LR_SCALES: dict[str, float] = {
+    "upsampler.base.": 0.2,
+    "uncertainty.": 0.02,
+    "upsampler.bias.": 10.0,
+}
+
 
 def _teacher_not_saved(module: nn.Module, incompatible: Any) -> None:
     """Teacher weights are never in a checkpoint (they reload from their source)."""
@@ -84,7 +92,12 @@ class FeatSharpModule(pl.LightningModule):
         optimizer: the optimizer over the parameter groups (default NAdam, 5e-4 [notes 4.4]).
         lr_scales: learning rate of a group relative to the optimizer's, by parameter-name
             prefix: the base upsampler 0.2 (1e-4) and the uncertainty net 0.02 (1e-5)
-            [notes 4.4].
+            [notes 4.4]; the de-biasing buffer 10 (5e-3) [choice: the paper gives it no rate
+            of its own; at the base rate the fusion block learns to reproduce a teacher's
+            position-locked pattern from the tile pass's copies of it faster than the bias
+            cancels it, and the error to the true features grows with training
+            (benchmarks/featsharp.py, benchmarks/README.md)]. Given entries add to these or
+            replace them.
         warmup_steps: linear warm-up steps [notes 4.4: 100], from ``warmup_start`` of the rate
             [notes 4.4: 0.1], then cosine decay to ``min_lr_ratio`` [choice: 0].
         warmup_start: see ``warmup_steps``.
@@ -125,7 +138,7 @@ class FeatSharpModule(pl.LightningModule):
             "seams", seam_weights(grid, self.factor, seam_weight), persistent=False
         )
         self.optimizer_factory = optimizer
-        self.lr_scales = {"upsampler.base.": 0.2, "uncertainty.": 0.02, **(lr_scales or {})}
+        self.lr_scales = {**LR_SCALES, **(lr_scales or {})}
         self.warmup_steps, self.warmup_start = warmup_steps, warmup_start
         self.min_lr_ratio = min_lr_ratio
         self.keep_teacher_weights = keep_teacher_weights

@@ -55,6 +55,15 @@ def test_the_quickstart_trains_logs_and_checkpoints(trained):
     loss = [e.value for e in events.Scalars("train/mse")]
     assert sum(loss[-2:]) < sum(loss[:2])  # consistency improves
     assert float(cli.model.upsampler.bias.bias.abs().max()) > 0  # the bias learns
+    # the groups' rates: the paper's (JBU 0.2x, uncertainty 0.02x) and the bias's 10x [choice]
+    rates = {}
+    for group in cli.trainer.optimizers[0].param_groups:
+        for name, parameter in cli.model.named_parameters():
+            if any(parameter is p for p in group["params"]):
+                rates[name] = group["lr"]
+    base = rates["upsampler.fusion.scale1"]
+    assert rates["upsampler.bias.bias"] == pytest.approx(10 * base)
+    assert rates["upsampler.base.stages.0.log_sigma_spatial"] == pytest.approx(0.2 * base)
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 30
     assert not any(k.startswith("teacher.") for k in saved["state_dict"])  # frozen, not saved
