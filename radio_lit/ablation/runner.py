@@ -42,6 +42,13 @@ loss, + the angle-balanced summary loss, + MESA and DAMP, on toy teachers with f
 noise; tables of the pattern share, the error against the clean teacher features, teacher MSE
 and fidelity). The ``c-radio`` rows shift the teachers' views every step, so they run live:
 ``--cache`` is refused for them.
+
+A row set may name :class:`~radio_lit.ablation.rows.Prerequisite` runs: ``c-radio``'s two
+``High-res`` rows need a FeatSharp upsampler of their SigLIP2
+(``configs/featsharp/ablation-c-radio.yaml``). Before the rows, the runner trains each one
+their rows need once per seed (``--jobs`` at a time; the rows' overrides are not passed to it)
+into ``OUT/tensorboard/<name>[-seed<k>]/``, keeps one already there, and passes its
+``checkpoints/last.ckpt`` to those rows; a failed one stops the ablation, naming its log.
 """
 
 from __future__ import annotations
