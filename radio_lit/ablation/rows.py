@@ -3,7 +3,9 @@
 - ``phi-s`` (the default): the rows of PHI-S tables 1 and 12 (``configs/ablations/``), each a
   small YAML file that sets ``model.normalizer``, ``model.loss`` and ``model.balancer``;
 - ``c-radio``: C-RADIOv4's training parts added one by one to RADIOv2.5's losses
-  (``configs/ablations/c-radio/``), on toy teachers with fixed-pattern noise.
+  (``configs/ablations/c-radio/``), on toy teachers with fixed-pattern noise; then a student
+  above SigLIP2's native grid against its map shrunk onto or upsampled by FeatSharp, whose
+  upsampler is a :class:`Prerequisite` the runner trains first.
 
 A row's file name is its name in lower case with every run of other characters than letters,
 digits and dots replaced by one hyphen (``"Hyb SmL1"`` -> ``hyb-sml1.yaml``,
@@ -22,6 +24,7 @@ __all__ = [
     "C_RADIO_ROWS",
     "ROWS",
     "ROW_SETS",
+    "Prerequisite",
     "Row",
     "RowSet",
     "default_rows_dir",
@@ -46,13 +49,62 @@ ROWS: tuple[str, ...] = (
 )
 
 #: C-RADIOv4's training parts (report 2.3-2.5), each row adding one to the row before; then
-#: the first row with CPEViT's random position-embedding windows (AM-RADIO 4) [choice].
+#: the first row with CPEViT's random position-embedding windows (AM-RADIO 4) [choice]; then
+#: a 256 px student against SigLIP2's 8x8 map shrunk onto (radio-lit before FeatSharp) or
+#: upsampled 2x by FeatSharp (report 2.2), both on the v2.5 losses [choice].
 C_RADIO_ROWS: tuple[str, ...] = (
     "v2.5",
     "Shift-equivariant",
     "Shift + Angle",
     "Shift + Angle + MESA/DAMP",
     "v2.5, random CPE windows",
+    "High-res, shrunk",
+    "High-res, FeatSharp 2x",
+)
+
+
+@dataclass(frozen=True)
+class Prerequisite:
+    """A run some rows need before they start, such as the FeatSharp upsampler of their
+    teacher: ``radio-lit ablate`` trains it once per seed (with that seed's
+    ``seed_everything``, the rows' overrides left out) into ``OUT/tensorboard/<name>``
+    (``<name>-seed<k>`` for seed ``k``) and passes its last checkpoint to each of ``rows``
+    with ``option``; a finished one (its checkpoint there) is not trained again.
+
+    Attributes:
+        name: its run's name, for folders and progress lines.
+        config: its config, relative to ``configs/``.
+        option: the rows' option that takes the checkpoint's path.
+        rows: the names of the rows that need it.
+    """
+
+    name: str
+    config: str
+    option: str
+    rows: tuple[str, ...]
+
+    def path(self) -> Path:
+        """The config file in the source tree (or the cwd's)."""
+        return default_rows_dir().parent / self.config
+
+    def run_name(self, seed: int) -> str:
+        """Its run's folder name under ``OUT/tensorboard`` for ``seed``."""
+        return self.name if seed == 0 else f"{self.name}-seed{seed}"
+
+    def checkpoint(self, out: Path, seed: int) -> Path:
+        """Its last checkpoint for ``seed`` under the ablation's output folder ``out``
+        (Lightning's ``ModelCheckpoint(save_last=True)`` in its TensorBoard run folder)."""
+        return out / "tensorboard" / self.run_name(seed) / "checkpoints" / "last.ckpt"
+
+
+#: The upsampler of the c-radio rows' SigLIP2 (``configs/featsharp/ablation-c-radio.yaml``),
+#: for both High-res rows: the FeatSharp row upsamples with it, the shrunk row takes its
+#: teacher weights only, so that both distil the same random SigLIP2 [choice].
+C_RADIO_UPSAMPLER = Prerequisite(
+    "upsampler",
+    "featsharp/ablation-c-radio.yaml",
+    "--model.teachers.siglip2.init_args.checkpoint",
+    ("High-res, shrunk", "High-res, FeatSharp 2x"),
 )
 
 
@@ -80,6 +132,7 @@ class RowSet:
             views cannot hold.
         title: what the rows reproduce, for ``--help``.
         out: the default output folder of ``radio-lit ablate``.
+        prerequisites: the runs some rows need first.
     """
 
     name: str
@@ -90,6 +143,7 @@ class RowSet:
     cacheable: bool
     title: str
     out: str
+    prerequisites: tuple[Prerequisite, ...] = ()
 
     def directory(self) -> Path:
         """The folder of this set's configs in the source tree (or the cwd's)."""
@@ -109,6 +163,7 @@ ROW_SETS: dict[str, RowSet] = {
         False,
         "C-RADIOv4's training parts on teachers with fixed-pattern noise",
         "runs/ablations-c-radio",
+        (C_RADIO_UPSAMPLER,),
     ),
 }
 

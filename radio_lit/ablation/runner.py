@@ -42,6 +42,13 @@ loss, + the angle-balanced summary loss, + MESA and DAMP, on toy teachers with f
 noise; tables of the pattern share, the error against the clean teacher features, teacher MSE
 and fidelity). The ``c-radio`` rows shift the teachers' views every step, so they run live:
 ``--cache`` is refused for them.
+
+A row set may name :class:`~radio_lit.ablation.rows.Prerequisite` runs: ``c-radio``'s two
+``High-res`` rows need a FeatSharp upsampler of their SigLIP2
+(``configs/featsharp/ablation-c-radio.yaml``). Before the rows, the runner trains each one
+their rows need once per seed (``--jobs`` at a time; the rows' overrides are not passed to it)
+into ``OUT/tensorboard/<name>[-seed<k>]/``, keeps one already there, and passes its
+``checkpoints/last.ckpt`` to those rows; a failed one stops the ablation, naming its log.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from typing import Any
 from radio_lit.ablation.final_validation import write_json
 from radio_lit.ablation.processes import Command, Slot, job_slots, start, visible_gpus
 from radio_lit.ablation.progress import Progress, RowState, clock
-from radio_lit.ablation.rows import ROW_SETS, Row, RowSet, resolve_rows
+from radio_lit.ablation.rows import ROW_SETS, Prerequisite, Row, RowSet, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
 from radio_lit.core.errors import CommandParser
 
@@ -239,6 +246,90 @@ def _fit_command(row: Row, base: Path, overrides: list[str], out: Path) -> Comma
     return Command("radio_lit.cli.app:main", args)
 
 
+def _prerequisites(todo: list[tuple[Row, int]], row_set: RowSet) -> list[tuple[Prerequisite, int]]:
+    """The ``(prerequisite, seed)`` runs the rows to run need, each once, in the rows' order."""
+    needed = (
+        (prerequisite, seed)
+        for row, seed in todo
+        for prerequisite in row_set.prerequisites
+        if row.name in prerequisite.rows
+    )
+    return list(dict.fromkeys(needed))
+
+
+def _prerequisite_options(row: Row, seed: int, row_set: RowSet, out: Path) -> list[str]:
+    """The options that hand a row the checkpoints of its prerequisites for ``seed``."""
+    options = []
+    for prerequisite in row_set.prerequisites:
+        if row.name in prerequisite.rows:
+            options += [prerequisite.option, str(prerequisite.checkpoint(out, seed))]
+    return options
+
+
+def _prerequisite_command(prerequisite: Prerequisite, seed: int, out: Path) -> Command:
+    """The prerequisite's ``radio-lit fit`` for ``seed``: its config, with its TensorBoard run
+    (and so its checkpoints) in ``OUT/tensorboard/<name>[-seed<k>]``."""
+    logger = {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {
+            "save_dir": str(out),
+            "name": "tensorboard",
+            "version": prerequisite.run_name(seed),
+        },
+    }
+    args = ["fit", "--config", str(prerequisite.path()), *_seed_overrides(seed)]
+    return Command("radio_lit.cli.app:main", [*args, "--trainer.logger", json.dumps(logger)])
+
+
+def _train_prerequisites(
+    needed: list[tuple[Prerequisite, int]], out: Path, slots: list[Slot]
+) -> None:
+    """Train the prerequisite runs whose checkpoint ``out`` does not hold yet, as many at once
+    as there are ``slots``.
+
+    Raises:
+        ValueError: naming a run that failed (or saved no checkpoint) and its log's end.
+    """
+    todo = []
+    for prerequisite, seed in needed:
+        checkpoint = prerequisite.checkpoint(out, seed)
+        if checkpoint.is_file():
+            print(f"{prerequisite.run_name(seed)}: already trained, {checkpoint}", flush=True)
+        else:
+            todo.append((prerequisite, seed))
+    for first in range(0, len(todo), len(slots)):
+        runs = []
+        for (prerequisite, seed), slot in zip(
+            todo[first : first + len(slots)], slots, strict=False
+        ):
+            name = prerequisite.run_name(seed)
+            for stale in (out / "tensorboard" / name).glob("events.out.tfevents.*"):
+                stale.unlink()  # a failed earlier attempt: its logs start afresh
+            log = out / "logs" / f"{name}.log"
+            print(
+                f"{name}: training {prerequisite.config} first, for the rows "
+                f"{', '.join(prerequisite.rows)}",
+                flush=True,
+            )
+            command = _prerequisite_command(prerequisite, seed, out)
+            runs.append((prerequisite, seed, log, time.monotonic(), start(command, log, slot)))
+        try:
+            for *_, process in runs:
+                process.join()
+        except BaseException:
+            _stop([process for *_, process in runs])
+            raise
+        for prerequisite, seed, log, begin, process in runs:
+            name = prerequisite.run_name(seed)
+            if process.exitcode != 0 or not prerequisite.checkpoint(out, seed).is_file():
+                raise ValueError(
+                    f"{name} ({prerequisite.config}, which the rows "
+                    f"{', '.join(prerequisite.rows)} need) failed (exit {process.exitcode}), "
+                    f"see {log}:\n{_tail(log)}"
+                )
+            print(f"{name}: ready in {clock(time.monotonic() - begin)}", flush=True)
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -300,8 +391,20 @@ def run_ablation(
         if cache is None
         else ["--data", "radio_lit.cache.CachedViews", "--data.path", str(cache)]
     )
+    needed = _prerequisites(todo, row_set)
+    _train_prerequisites(needed, out, slots)
     commands = [
-        _fit_command(row, base, [*overrides, *_seed_overrides(seed), *data], out)
+        _fit_command(
+            row,
+            base,
+            [
+                *overrides,
+                *_seed_overrides(seed),
+                *data,
+                *_prerequisite_options(row, seed, row_set, out),
+            ],
+            out,
+        )
         for row, seed in todo
     ]
     results = _RowRunner([row for row, _ in todo], commands, out, slots).run()

@@ -14,6 +14,12 @@ the validation epoch the values are logged as ``val/<teacher>/pattern_share`` an
 :class:`~radio_lit.ablation.FinalValidation` and the ablation tables. The raw student is
 measured (not its EMA copy).
 
+A teacher upsampled by FeatSharp (:class:`~radio_lit.upsamplers.UpsampledTeacher` around a
+:class:`FixedPatternTeacher`) is measured on the wrapped teacher's own view and grid, whatever
+the grid of its targets [choice]: the only grid on which the clean features and the pattern are
+known, and the one on which a run that shrinks the student's map onto that teacher's grid is
+measured too (the ``High-res`` rows of ``--row-set c-radio``).
+
 Unlike the :class:`~radio_lit.evaluation.Evaluation` measures (``eval/…``, on their own image
 sets after training steps), this one rides on the validation loop, so that it lands beside the
 ``val/…`` metrics of the same images. It costs nothing unless configured (a callback), and one
@@ -36,26 +42,36 @@ from radio_lit.metrics.fixed_pattern import PatternShare
 from radio_lit.normalizers.statistics import statistics_ready
 from radio_lit.teachers.fixed_pattern import FixedPatternTeacher
 from radio_lit.training.batch import student_pixels
+from radio_lit.upsamplers import UpsampledTeacher
 
-__all__ = ["FixedPatternProbe"]
+__all__ = ["FixedPatternProbe", "patterned"]
+
+
+def patterned(teacher: object) -> FixedPatternTeacher | None:
+    """The :class:`FixedPatternTeacher` that ``teacher`` is, or that it upsamples (an
+    :class:`~radio_lit.upsamplers.UpsampledTeacher` around one); else ``None``."""
+    if isinstance(teacher, UpsampledTeacher):
+        teacher = teacher.teacher
+    return teacher if isinstance(teacher, FixedPatternTeacher) else None
 
 
 class FixedPatternProbe(Callback):
     """Log ``val/<teacher>/pattern_share`` and ``val/<teacher>/clean_mse`` at each validation.
 
     Args:
-        teachers: the teachers to measure (each a :class:`FixedPatternTeacher`); default
-            every such teacher of the run.
+        teachers: the teachers to measure (each a :class:`FixedPatternTeacher`, or an
+            upsampled one); default every such teacher of the run.
     """
 
     def __init__(self, teachers: list[str] | None = None) -> None:
         self.teachers = teachers
-        self._names: list[str] = []
+        self._teachers: dict[str, FixedPatternTeacher] = {}
         self._metrics: dict[str, PatternShare] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         module = distillation_module(pl_module)
-        wrapped = [n for n, t in module.teachers.items() if isinstance(t, FixedPatternTeacher)]
+        found = {n: patterned(t) for n, t in module.teachers.items()}
+        wrapped = [n for n, t in found.items() if t is not None]
         names = wrapped if self.teachers is None else self.teachers
         if not wrapped:
             raise ConfigError(
@@ -69,7 +85,7 @@ class FixedPatternProbe(Callback):
                 f"FixedPatternProbe: init_args.teachers names {refused}, which carry no fixed "
                 f"pattern; the teachers with one are {wrapped}"
             )
-        self._names = list(names)
+        self._teachers = {n: t for n, t in found.items() if n in names and t is not None}
 
     def on_validation_batch_end(
         self,
@@ -87,8 +103,7 @@ class FixedPatternProbe(Callback):
         estimates = module_view(module)(crops)
         height, width = module.student_resolution
         grid = (height // module.student.patch_size, width // module.student.patch_size)
-        for name in self._names:
-            teacher = module.teachers[name]
+        for name, teacher in self._teachers.items():
             clean = teacher.clean(crops, teacher.view_size(grid)).features
             size = tuple(clean.shape[1:3])
             if name not in self._metrics:

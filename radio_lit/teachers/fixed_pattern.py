@@ -121,8 +121,11 @@ class FixedPatternTeacher(Teacher):
         self.interpolatable = teacher.interpolatable  # type: ignore[misc]
         inner = calibration_features(teacher, calibration_images, calibration_views, seed)
         sigma = inner.std(0, correction=0).float()
-        self.register_buffer("sigma", sigma, persistent=False)  # [C]
+        # [C]; persistent, so that a teacher whose weights are saved with it (FeatSharp's
+        # keep_teacher_weights) reloads the very pattern, whatever weights it was built with
+        self.register_buffer("sigma", sigma)
         self._patterns: dict[tuple[int, int], Tensor] = {}
+        self.register_load_state_dict_post_hook(FixedPatternTeacher._forget_patterns)
         self.freeze()
 
     @property
@@ -142,6 +145,10 @@ class FixedPatternTeacher(Teacher):
 
     def shares_canvas(self, size: tuple[int, int]) -> bool:
         return self.teacher.shares_canvas(size)
+
+    def _forget_patterns(self, incompatible_keys: object) -> None:
+        """Loaded weights bring their own ``sigma``: the patterns are drawn again."""
+        self._patterns.clear()
 
     def pattern(self, grid: tuple[int, int]) -> Tensor:
         """The pattern ``P [H, W, C]`` (float32, on the features' device) on ``grid``;

@@ -65,6 +65,16 @@ LR_SCALES: dict[str, float] = {
 }
 
 
+def teacher_weights(teacher: nn.Module) -> dict[str, Tensor]:
+    """Every persistent parameter and buffer of ``teacher``, a wrapper's inner teacher's too
+    (:meth:`Teacher.state_dict` is empty at every depth: distillation checkpoints hold no
+    teacher), keyed as :meth:`torch.nn.Module.load_state_dict` reads them."""
+    state: dict[str, Any] = {}
+    for prefix, module in teacher.named_modules(remove_duplicate=False):
+        module._save_to_state_dict(state, f"{prefix}." if prefix else "", keep_vars=False)
+    return state
+
+
 def _teacher_not_saved(module: nn.Module, incompatible: Any) -> None:
     """Teacher weights are never in a checkpoint (they reload from their source)."""
     incompatible.missing_keys[:] = [
@@ -244,4 +254,4 @@ class FeatSharpModule(pl.LightningModule):
     # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.keep_teacher_weights:
-            checkpoint[TEACHER_WEIGHTS] = nn.Module.state_dict(self.teacher)
+            checkpoint[TEACHER_WEIGHTS] = teacher_weights(self.teacher)

@@ -46,6 +46,8 @@ class UpsampledTeacher(Teacher):
             smaller grids get the plain teacher [choice: C-RADIOv4's high partition, 512 px
             and up, is 32 tokens a side and up].
         calibration_views: see ``checkpoint``.
+        trained_by: the config that trains ``checkpoint`` (e.g.
+            ``configs/featsharp/quickstart.yaml``), named in the error when it is missing.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class UpsampledTeacher(Teacher):
         checkpoint: str | None = None,
         min_student_grid: int = 1,
         calibration_views: int = 4,
+        trained_by: str | None = None,
     ) -> None:
         built = upsampler(teacher.feature_dim, teacher.grid_size)
         factor = built.factor
@@ -65,6 +68,7 @@ class UpsampledTeacher(Teacher):
         self.min_student_grid = min_student_grid
         self.interpolatable = teacher.interpolatable  # type: ignore[misc]
         self.checkpoint = checkpoint
+        self.trained_by = trained_by
         if checkpoint is not None:
             self._load(checkpoint)
         else:
@@ -74,12 +78,12 @@ class UpsampledTeacher(Teacher):
         self.freeze()
 
     def _load(self, checkpoint: str) -> None:
-        key = "model.teachers.<name>.init_args.checkpoint"
+        key = "init_args.checkpoint"
         if not os.path.isfile(checkpoint):
+            config = self.trained_by or "configs/featsharp/<teacher>.yaml"
             raise FileNotFoundError(
-                f"{key}: no upsampler checkpoint at {checkpoint}; train one first with "
-                "radio-lit fit --config configs/featsharp/<teacher>.yaml (or give null for an "
-                "untrained one)"
+                f"{key}: no upsampler checkpoint at {checkpoint}; train it first with "
+                f"radio-lit fit --config {config} (or give null for an untrained one)"
             )
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
         state = {

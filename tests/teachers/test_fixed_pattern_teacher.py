@@ -89,3 +89,14 @@ def test_bad_options_are_refused_by_name(inner):
         FixedPatternTeacher(inner, "stripes", calibration_views=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="init_args.strength must be >= 0"):
         FixedPatternTeacher(inner, strength=-1.0, calibration_views=1)
+
+
+def test_loaded_weights_bring_the_patterns_scale(inner):
+    """``sigma`` travels with the teacher's weights (FeatSharp's keep_teacher_weights): a
+    teacher built from other weights and loaded draws the saved teacher's pattern."""
+    saved = FixedPatternTeacher(inner, kind="border", seed=4)
+    other = FixedPatternTeacher(inner, kind="border", seed=4)
+    other.sigma.mul_(2)
+    assert not torch.equal(other.pattern((6, 6)), saved.pattern((6, 6)))
+    torch.nn.Module.load_state_dict(other, {"sigma": saved.sigma}, strict=False)
+    torch.testing.assert_close(other.pattern((6, 6)), saved.pattern((6, 6)), rtol=0, atol=0)

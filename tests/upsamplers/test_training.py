@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from radio_lit.cli.app import RadioLitCLI
 from radio_lit.teachers import OpenCLIPTeacher
 from radio_lit.upsamplers import FeatSharp, FusionBlock, UpsampledTeacher
+from radio_lit.upsamplers.module import TEACHER_WEIGHTS, teacher_weights
 from tests import forking
 from tests.cli.test_resume import kill_when_paused, run_overlay
 from tests.teachers.tiny import TINY_SIGLIP_CFG
@@ -133,3 +134,38 @@ def test_a_killed_featsharp_run_resumes_exactly(tmp_path):
         assert torch.equal(resumed[key], uninterrupted[key]), key
     for key in resumed:
         torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_quickstart_c_radio_steps_with_the_trained_quickstart_upsampler(
+    trained, tmp_path, monkeypatch
+):
+    """The two commands of configs/quickstart-c-radio.yaml's comments: the quickstart's
+    checkpoint given as ``--model.teachers.siglip2.init_args.checkpoint``; its high partition
+    then upsamples with the trained upsampler and the very teacher it was trained on."""
+    _, run = trained
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    args = ["--config", str(ROOT / "configs" / "quickstart-c-radio.yaml")]
+    args += [f"--model.teachers.siglip2.init_args.checkpoint={checkpoint}"]
+    args += ["--trainer.max_steps=2", "--trainer.logger=false"]
+    args += [f"--trainer.default_root_dir={tmp_path}"]
+    cli = RadioLitCLI(args=args, run=False)
+    teacher = cli.model.teachers["siglip2"]
+    saved = torch.load(checkpoint, weights_only=True)
+    torch.testing.assert_close(
+        teacher.upsampler.bias.bias, saved["state_dict"]["upsampler.bias.bias"], rtol=0, atol=0
+    )
+    fusion = [k for k in saved["state_dict"] if k.startswith("upsampler.fusion.")]
+    assert fusion
+    for key in fusion:
+        loaded = teacher.upsampler.state_dict()[key.removeprefix("upsampler.")]
+        torch.testing.assert_close(loaded, saved["state_dict"][key], rtol=0, atol=0)
+    weights = teacher_weights(teacher.teacher)  # keep_teacher_weights: the run's teacher
+    assert weights.keys() == saved[TEACHER_WEIGHTS].keys()
+    for key, value in saved[TEACHER_WEIGHTS].items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=0, msg=key)
+    upsample, calls = teacher.upsampler.upsample, []
+    monkeypatch.setattr(teacher.upsampler, "upsample", lambda *a: calls.append(1) or upsample(*a))
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 2
+    assert calls  # the high partition's SigLIP2 targets came from the upsampler
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
