@@ -84,7 +84,11 @@ class Lamb(timm.optim.Lamb):
     """
 
     def __init__(
-        self, params: Any, compiled: CompileOption | None = None, foreach: bool = True, **settings
+        self,
+        params: Any,
+        compiled: CompileOption | None = None,
+        foreach: bool = True,
+        **settings: Any,
     ) -> None:
         super().__init__(params, foreach=foreach, **settings)
         self.compiled = compiled
@@ -173,7 +177,8 @@ class Lamb(timm.optim.Lamb):
             self._update(groups, clip)
         except TorchDynamoException as error:  # raised before the compiled code ran
             cause = getattr(error, "inner_exception", None) or error  # the backend's own
-            reason = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+            first_line = (str(cause).strip() or "no message").splitlines()[0]
+            reason = f"{type(cause).__name__}: {first_line}"
             warnings.warn(
                 f"LAMB's update could not be compiled ({reason}); it runs eagerly (timm's "
                 "step). radio_lit.training.lamb.Lamb's compiled: false skips the attempt",
