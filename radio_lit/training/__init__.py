@@ -9,6 +9,8 @@ or small classes it calls:
 - :mod:`.student_step`: the student's side: shifted views, DAMP-noised forward, MESA, EMA;
 - :mod:`.step`: teachers, loss grids, matching, normalized targets, loss terms, the balancer;
 - :mod:`.per_teacher`: per-teacher normalizer and loss options;
-- :mod:`.optim`: parameter groups, weight decay, learning-rate schedules;
+- :mod:`.optim`: parameter groups, weight decay, learning-rate schedules, the fastest
+  implementation of each optimizer;
+- :mod:`.lamb`: LAMB with its update compiled;
 - :mod:`.random_streams`: per-rank random streams that resume exactly.
 """

@@ -12,12 +12,14 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import timm.optim
 import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from radio_lit.students.spectral_reparam import SPECTRAL_SCALE
+from radio_lit.training.lamb import Lamb
 
 __all__ = [
     "adamw",
@@ -80,14 +82,17 @@ def fastest_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Opti
     Fused where torch has the kernel for the parameters' device (AdamW, Adam, SGD, Adagrad:
     CPU and CUDA among others), on plain tensors; ``foreach`` for FSDP2's sharded ``DTensor``
     parameters [choice: the implementation FSDP2's own examples use] and for optimizers without
-    a fused one (NAdam, RAdam, RMSprop; timm's ``Lamb``, whose default it already is). A config
-    that sets ``fused`` or ``foreach`` (even to ``false``) keeps its choice; an optimizer
-    without these options is returned as it is.
+    a fused one (NAdam, RAdam, RMSprop). timm's ``Lamb`` becomes radio-lit's
+    :class:`~radio_lit.training.lamb.Lamb`, the same optimizer whose update is compiled where
+    that is faster (CUDA) and whose step is multi-tensor on every device. A config that sets
+    ``fused`` or ``foreach`` (even to ``false``) keeps its choice; an optimizer without these
+    options is returned as it is (radio-lit's ``Lamb`` among them: it chooses for itself).
     """
     accepted = inspect.signature(type(optimizer).__init__).parameters
     defaults = optimizer.defaults
-    if not any(k in accepted for k in _IMPLEMENTATION) or any(
-        defaults.get(k) is not None for k in _IMPLEMENTATION
+    chosen = {k: defaults[k] for k in _IMPLEMENTATION if defaults.get(k) is not None}
+    if type(optimizer) is not timm.optim.Lamb and (
+        not any(k in accepted for k in _IMPLEMENTATION) or chosen
     ):
         return optimizer
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -96,6 +101,8 @@ def fastest_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Opti
         {k: v for k, v in group.items() if k not in _IMPLEMENTATION}
         for group in optimizer.param_groups
     ]
+    if type(optimizer) is timm.optim.Lamb:
+        return Lamb(groups, **settings, **chosen)
     if "fused" in accepted and not any(isinstance(p, DTensor) for p in params):
         try:
             return type(optimizer)(groups, **settings, fused=True)

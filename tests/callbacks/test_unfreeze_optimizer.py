@@ -19,6 +19,7 @@ from timm.optim import Lamb
 from torch import nn
 
 from radio_lit.callbacks import FreezeBody
+from radio_lit.training.lamb import Lamb as CompiledLamb
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 FROZEN = 3  # trunk frozen over steps 0-2; step 3 is its first update
@@ -76,8 +77,9 @@ def fresh_first_step(factory, before: list[dict]) -> list[tuple[str, torch.Tenso
     [
         partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.02),
         partial(Lamb, lr=1e-3, weight_decay=0.02),
+        partial(CompiledLamb, lr=1e-3, weight_decay=0.02, compiled={"backend": "aot_eager"}),
     ],
-    ids=["AdamW", "Lamb"],
+    ids=["AdamW", "Lamb", "compiled Lamb"],
 )
 def test_the_trunk_first_update_is_a_fresh_optimizer_first_step(tmp_path, factory):
     torch.manual_seed(0)
