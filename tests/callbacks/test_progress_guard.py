@@ -3,6 +3,10 @@ parameters, the step and the cause, before a checkpoint of the step is written."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -284,3 +288,55 @@ def test_fp16s_first_step_overflow_is_not_judged_without_a_nonfinite_guard(tmp_p
     assert trainer.global_step == 6
     assert scales.scales[0] < 65536.0  # the first update overflowed and was skipped
     assert {"heads_decay", "heads_no_decay"} <= guard.checked_groups
+
+
+def _radio_lit_fit(*args: str, cwd: Path) -> tuple[int, str]:
+    """``radio-lit fit --config configs/quickstart.yaml ARGS`` in a fresh interpreter, in
+    ``cwd``: (exit status, stderr)."""
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "radio_lit", "fit", "--config"]
+    command += [str(root / "configs" / "quickstart.yaml"), *args]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stderr
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """The quickstart through the real command, concurrently: a zero-weight ablation (past
+    the trunk's release at step 20) and the student cut at step 50."""
+    root = Path(__file__).resolve().parents[2]
+    jobs = {
+        "zero weights": [
+            "--model.feature_weights.dino=0",
+            "--model.summary_weights.dino=0",
+            "--trainer.max_steps=24",
+        ],
+        "cut at 50": ["--config", str(root / "tests" / "callbacks" / "cut_at_step_50.yaml")],
+    }
+    folders = {name: tmp_path_factory.mktemp("guard-cli") for name in jobs}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {
+            name: pool.submit(_radio_lit_fit, *args, cwd=folders[name]) for name, args in jobs.items()
+        }
+        return {name: (*futures[name].result(), folders[name]) for name in jobs}
+
+
+@pytest.mark.slow
+def test_the_quickstart_with_a_teachers_weights_0_trains_through_the_command(commands):
+    status, stderr, folder = commands["zero weights"]
+    assert status == 0, stderr[-3000:]
+    assert "heads.dino.features, heads.dino.summary left out of the check" in stderr
+    assert list(folder.rglob("last.ckpt"))
+
+
+@pytest.mark.slow
+def test_a_student_cut_at_step_50_stops_the_command_there_with_one_line(commands):
+    status, stderr, folder = commands["cut at 50"]
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("radio-lit: error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("radio-lit: error: no training progress at step 50: student.")
+    saved = [torch.load(c, weights_only=True)["global_step"] for c in folder.rglob("*.ckpt")]
+    assert saved and max(saved) == 50  # the 50 steps before the cut, not the step of the cut
