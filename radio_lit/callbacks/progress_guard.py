@@ -242,7 +242,8 @@ class TrainingProgressGuard(Callback):
         reduced = trainer.strategy.reduce(local, reduce_op="sum").tolist()
         count = len(every)
         grad_norm, change, absent = (reduced[k * count : (k + 1) * count] for k in range(3))
-        idle = {i for (_, ids), w in zip(self._terms, reduced[3 * count :]) if w == 0 for i in ids}
+        weights = zip(self._terms, reduced[3 * count :], strict=True)
+        idle = {i for (_, ids), weight in weights if weight == 0 for i in ids}
         at = 0
         for group in check.groups:
             span = slice(at, at + len(group.params))
@@ -354,11 +355,14 @@ def _term_parameters(module: DistillationModule) -> list[tuple[str, set[int]]]:
     terms = []
     for key in module.balancer.terms:
         teacher, term = key.split("/")
-        pair = module.heads[teacher] if teacher in module.heads else None
-        head = None if pair is None else {"feature_loss": pair.features}.get(term, pair.summary)
+        head = getattr(module.heads[teacher], _HEADS[term])
         if head is not None:
             terms.append((key, {id(p) for p in head.parameters()}))
     return terms
+
+
+#: The head that each kind of loss term trains (radio_lit.training.per_teacher.loss_terms).
+_HEADS = {"feature_loss": "features", "summary_loss": "summary"}
 
 
 def _term_weights(
@@ -376,7 +380,7 @@ def _term_weights(
 
 def _head_name(key: str) -> str:
     teacher, term = key.split("/")
-    return f"heads.{teacher}.{'features' if term == 'feature_loss' else 'summary'}"
+    return f"heads.{teacher}.{_HEADS[term]}"
 
 
 def _group_name(group: dict[str, Any], index: int) -> str:

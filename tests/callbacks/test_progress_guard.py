@@ -44,7 +44,12 @@ def test_a_training_run_passes_every_check(tmp_path):
     callbacks = FreezeBody(steps=2), guard, NonFiniteGuard()
     trainer = fit(tmp_path, tiny_module(), *callbacks, max_steps=5)
     assert trainer.global_step == 5
-    assert guard.checked_groups == {"trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay"}
+    assert guard.checked_groups == {
+        "trunk_decay",
+        "trunk_no_decay",
+        "heads_decay",
+        "heads_no_decay",
+    }
 
 
 def test_a_learning_rate_of_0_stops_the_first_update(tmp_path):
@@ -317,7 +322,8 @@ def commands(tmp_path_factory):
     folders = {name: tmp_path_factory.mktemp("guard-cli") for name in jobs}
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {
-            name: pool.submit(_radio_lit_fit, *args, cwd=folders[name]) for name, args in jobs.items()
+            name: pool.submit(_radio_lit_fit, *args, cwd=folders[name])
+            for name, args in jobs.items()
         }
         return {name: (*futures[name].result(), folders[name]) for name in jobs}
 

@@ -33,13 +33,12 @@ def test_no_rank_stream_draws_what_a_crop_draws():
     """The recipes give a stage's ``seed_everything`` and ``data.init_args.seed`` one number
     k: rank r's streams (seeded from k, r and their purpose) must not be seeded as the crop of
     an image in an epoch (seeded from k, the epoch and the index)."""
-    seeds = {
-        seed
-        for chain in CHAINS.values()
-        for config in chain
-        for seed in (raw(config.name)["seed_everything"], raw(config.name)["data"]["init_args"]["seed"])
+    stages = [raw(config.name) for chain in CHAINS.values() for config in chain]
+    seeds = {s["seed_everything"] for s in stages} | {
+        s["data"]["init_args"]["seed"] for s in stages
     }
-    crops = {sample_seed(k, epoch, index) for k in seeds for epoch in range(8) for index in range(64)}
+    epochs, images = range(8), range(64)
+    crops = {sample_seed(k, epoch, index) for k in seeds for epoch in epochs for index in images}
     for k in seeds:
         for rank in range(8):
             for purpose in (FORWARD_STREAM, SHIFT_STREAM):
