@@ -21,9 +21,12 @@ from radio_lit.core.errors import NoTrainingProgress
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 
-def fit(tmp_path, module, *callbacks, max_steps=4, batch_size=4, **options):
+def fit(tmp_path, module, *callbacks, max_steps=4, batch_size=4, save_every=1, **options):
     checkpoints = ModelCheckpoint(
-        dirpath=tmp_path / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0
+        dirpath=tmp_path / "checkpoints",
+        save_last=True,
+        every_n_train_steps=save_every,
+        save_top_k=0,
     )
     options = dict(max_steps=max_steps, enable_checkpointing=True, **options)
     trainer = cpu_trainer(tmp_path, callbacks=[*callbacks, checkpoints], **options)
@@ -213,7 +216,8 @@ def test_a_student_part_cut_at_step_50_stops_the_run_at_the_check_of_step_50(tmp
     torch.manual_seed(0)
     guard = TrainingProgressGuard(every_n_steps=25)
     with pytest.raises(NoTrainingProgress) as stopped:
-        fit(tmp_path, tiny_module(), CutStudent(step=50), guard, max_steps=60, batch_size=1)
+        module, cut = tiny_module(), CutStudent(step=50)
+        fit(tmp_path, module, cut, guard, max_steps=60, batch_size=1, save_every=10)
     message = str(stopped.value)
     assert message.startswith("no training progress at step 50: student.")
     assert "got no gradient or an all-zero one: not reached by the backward pass" in message
