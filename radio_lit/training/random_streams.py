@@ -32,7 +32,17 @@ from torch import Tensor
 
 from radio_lit.data.resumable import sample_seed
 
-__all__ = ["RankStream", "gather_ranks", "own_rank"]
+__all__ = ["STREAM_SEEDS", "RankStream", "gather_ranks", "own_rank"]
+
+#: The first of the four keys of every rank stream's seed, ``sample_seed(STREAM_SEEDS, run
+#: seed, rank, purpose)``: a space of its own [choice]. A crop's seed has three keys,
+#: ``sample_seed(data seed, epoch, index)`` (:mod:`radio_lit.data.resumable`), a shard
+#: reader's five: with ``(run seed, rank, purpose)`` alone, rank ``r``'s forward stream
+#: (purpose 1) would draw what the crop of image 1 in epoch ``r`` draws whenever
+#: ``seed_everything`` and ``data.seed`` are one number (the recipes give both the stage
+#: number). A stream's seed is saved in every checkpoint, so a run started before this space
+#: resumes with the seeds it started with.
+STREAM_SEEDS = 0x5EED_5742
 
 
 def gather_ranks(state: Any) -> list[Any]:
@@ -66,7 +76,7 @@ class RankStream:
 
     Args:
         purpose: a number that tells streams of one rank apart (each stream's seed is
-            ``sample_seed(run seed, global rank, purpose)``).
+            ``sample_seed(STREAM_SEEDS, run seed, global rank, purpose)``).
 
     Before :meth:`start` (a module used outside a ``Trainer``), :meth:`active` changes
     nothing: draws come from torch's global generators.
@@ -81,7 +91,7 @@ class RankStream:
         """Seed the stream from the run's ``seed`` and the global ``rank``, unless it has
         started (or been restored from a checkpoint) already."""
         if self.seed is None:
-            self.seed = sample_seed(seed, rank, self.purpose)
+            self.seed = sample_seed(STREAM_SEEDS, seed, rank, self.purpose)
 
     @contextmanager
     def active(self, device: torch.device) -> Iterator[None]:

@@ -3,7 +3,12 @@ parameters, the step and the cause, before a checkpoint of the step is written."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -11,17 +16,21 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from radio_lit.callbacks import FreezeBody, NonFiniteGuard, TrainingProgressGuard
+from radio_lit.callbacks.progress_guard import ZERO_GRADIENT_UPDATES
 from radio_lit.core.errors import NoTrainingProgress
 from tests.builders import cpu_trainer, image_batches, tiny_module
 
 
-def fit(tmp_path, module, *callbacks, max_steps=4):
+def fit(tmp_path, module, *callbacks, max_steps=4, batch_size=4, save_every=1, **options):
     checkpoints = ModelCheckpoint(
-        dirpath=tmp_path / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0
+        dirpath=tmp_path / "checkpoints",
+        save_last=True,
+        every_n_train_steps=save_every,
+        save_top_k=0,
     )
-    options = dict(max_steps=max_steps, enable_checkpointing=True)
+    options = dict(max_steps=max_steps, enable_checkpointing=True, **options)
     trainer = cpu_trainer(tmp_path, callbacks=[*callbacks, checkpoints], **options)
-    trainer.fit(module, image_batches(8, 4))
+    trainer.fit(module, image_batches(2 * batch_size, batch_size))
     return trainer
 
 
@@ -38,7 +47,12 @@ def test_a_training_run_passes_every_check(tmp_path):
     callbacks = FreezeBody(steps=2), guard, NonFiniteGuard()
     trainer = fit(tmp_path, tiny_module(), *callbacks, max_steps=5)
     assert trainer.global_step == 5
-    assert guard._verified == {"trunk_decay", "trunk_no_decay", "heads_decay", "heads_no_decay"}
+    assert guard.checked_groups == {
+        "trunk_decay",
+        "trunk_no_decay",
+        "heads_decay",
+        "heads_no_decay",
+    }
 
 
 def test_a_learning_rate_of_0_stops_the_first_update(tmp_path):
@@ -133,10 +147,206 @@ class MultipliedByZero(pl.Callback):
 
 
 def test_gradients_that_stay_zero_stop_the_run_after_the_grace_updates(tmp_path):
-    from radio_lit.callbacks.progress_guard import ZERO_GRADIENT_UPDATES
-
     torch.manual_seed(0)
     with pytest.raises(NoTrainingProgress, match="got no gradient or an all-zero one") as stop:
         fit(tmp_path, tiny_module(), MultipliedByZero(), TrainingProgressGuard(), max_steps=8)
     assert f"at step {ZERO_GRADIENT_UPDATES}:" in str(stop.value)
     assert "blocks.0." in str(stop.value)
+
+
+@pytest.mark.parametrize(
+    ("weights", "left_out"),
+    [
+        (dict(summary_weights={"clip": 0.0}), "heads.clip.summary left out"),
+        (
+            dict(feature_weights={"dino": 0.0}, summary_weights={"dino": 0.0}),
+            "heads.dino.features, heads.dino.summary left out",
+        ),
+    ],
+)
+def test_a_zero_loss_weight_ablation_trains_to_its_end(tmp_path, caplog, weights, left_out):
+    """A weight of 0 removes a term: its head gets only zero gradients. The head is left out
+    of the check (said in the log), every other parameter is checked."""
+    torch.manual_seed(0)
+    guard = TrainingProgressGuard(every_n_steps=1)
+    with caplog.at_level("INFO"):
+        trainer = fit(tmp_path, tiny_module(**weights), guard, max_steps=6)
+    assert trainer.global_step == 6
+    assert left_out in caplog.text and "every loss weight 0" in caplog.text
+    assert {"trunk_decay", "heads_decay", "heads_no_decay"} <= guard.checked_groups
+
+
+class WarmupFromZero(pl.Callback):
+    """Replaces the module's schedule by a linear warm-up that starts at learning rate 0."""
+
+    def on_train_start(self, trainer, pl_module):
+        config = trainer.lr_scheduler_configs[0]
+        optimizer = trainer.optimizers[0]
+        config.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: s / 4)
+
+
+def test_a_warm_up_from_a_learning_rate_of_0_is_no_stop(tmp_path):
+    """The first update at rate 0 moves nothing; its check moves to the next update."""
+    torch.manual_seed(0)
+    guard = TrainingProgressGuard(every_n_steps=2)
+    trainer = fit(tmp_path, tiny_module(), WarmupFromZero(), guard, max_steps=4)
+    assert trainer.optimizers[0].param_groups[0]["lr"] > 0
+    assert trainer.global_step == 4 and len(guard.checked_groups) == 4
+
+
+def test_a_featsharp_warm_up_from_0_trains(tmp_path):
+    """``FeatSharpModule(warmup_start=0)`` through radio-lit's CLI (its quickstart)."""
+    from radio_lit.cli.app import RadioLitCLI
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "featsharp" / "quickstart.yaml"
+    args = ["fit", "--config", str(config), "--trainer.max_steps=3"]
+    args += ["--model.init_args.warmup_start=0", "--trainer.val_check_interval=3"]
+    args += [f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.repeats=1"]
+    cli = RadioLitCLI(args=args)
+    assert cli.trainer.global_step == 3
+    guard = next(c for c in cli.trainer.callbacks if isinstance(c, TrainingProgressGuard))
+    assert guard.checked_groups
+
+
+def test_a_student_part_cut_at_step_50_stops_the_run_at_the_check_of_step_50(tmp_path):
+    """Momentum and weight decay keep the cut parameters moving: only their gradients,
+    checked one by one, show the cut."""
+    from tests.callbacks.cuts import CutStudent
+
+    torch.manual_seed(0)
+    guard = TrainingProgressGuard(every_n_steps=25)
+    with pytest.raises(NoTrainingProgress) as stopped:
+        module, cut = tiny_module(), CutStudent(step=50)
+        fit(tmp_path, module, cut, guard, max_steps=60, batch_size=1, save_every=10)
+    message = str(stopped.value)
+    assert message.startswith("no training progress at step 50: student.")
+    assert "got no gradient or an all-zero one: not reached by the backward pass" in message
+    assert "blocks.0." in message and "\n" not in message
+    assert saved_step(tmp_path) == 50  # every step before the cut, not the step of the cut
+
+
+def test_a_group_shared_by_trunk_and_heads_checks_the_trunk_when_it_is_released(tmp_path):
+    """One parameter group for everything: the heads' first update does not verify the
+    frozen trunk's parameters; the trunk's own first update (step 2) finds the cut."""
+    torch.manual_seed(0)
+
+    def one_group(groups):
+        return torch.optim.AdamW([p for g in groups for p in g["params"]], lr=1e-3)
+
+    module = tiny_module(optimizer=one_group)
+    guard = TrainingProgressGuard(every_n_steps=100)
+    with pytest.raises(NoTrainingProgress, match="at step 2: student.") as stopped:
+        fit(tmp_path, module, CutBlock(), FreezeBody(steps=2), guard, max_steps=4)
+    assert "parameter group 'param_groups[0]'" in str(stopped.value)
+
+
+class DroppedTeachers(pl.Callback):
+    """Records, per step, the teachers whose every term had weight 0 in the step's total."""
+
+    def __init__(self):
+        self.dropped: list[set[str]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        weights = pl_module.balancer.effective_weights()
+        teachers = {key.split("/")[0] for key in weights}
+        kept = {key.split("/")[0] for key, w in weights.items() if float(w) > 0}
+        self.dropped.append(teachers - kept)
+
+
+def test_teacher_dropping_on_a_batch_of_1_trains_to_its_end(tmp_path):
+    """With one image a step, a teacher is dropped (probability 0.9) for many updates in a
+    row: its head's zero gradients are no cut."""
+    from radio_lit.losses import TeacherDropping
+
+    torch.manual_seed(0)
+    guard = TrainingProgressGuard(every_n_steps=1)
+    record = DroppedTeachers()
+    module = tiny_module(balancer=partial(TeacherDropping, p=0.9))
+    trainer = fit(tmp_path, module, record, guard, max_steps=10, batch_size=1)
+    assert trainer.global_step == 10
+    streaks = {
+        name: max(
+            len(run) for run in "".join("x" if name in d else " " for d in record.dropped).split()
+        )
+        for name in ("clip", "dino", "sam")
+        if any(name in d for d in record.dropped)
+    }
+    assert max(streaks.values()) > ZERO_GRADIENT_UPDATES  # the case this test is about
+
+
+class Overflow(pl.Callback):
+    """Records the GradScaler's scale after every step."""
+
+    def __init__(self):
+        self.scales: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.scales.append(trainer.precision_plugin.scaler.get_scale())
+
+
+def test_fp16s_first_step_overflow_is_not_judged_without_a_nonfinite_guard(tmp_path):
+    """fp16 mixed precision (here on the CPU: its autocast and GradScaler) overflows at its
+    first steps and the GradScaler skips them, lowering its scale; those steps are not
+    judged. The guard alone, as in the FeatSharp configs."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    torch.manual_seed(0)
+    precision = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    scales, guard = Overflow(), TrainingProgressGuard(every_n_steps=2)
+    trainer = fit(tmp_path, tiny_module(), scales, guard, max_steps=6, plugins=[precision])
+    assert trainer.global_step == 6
+    assert scales.scales[0] < 65536.0  # the first update overflowed and was skipped
+    assert {"heads_decay", "heads_no_decay"} <= guard.checked_groups
+
+
+def _radio_lit_fit(*args: str, cwd: Path) -> tuple[int, str]:
+    """``radio-lit fit --config configs/quickstart.yaml ARGS`` in a fresh interpreter, in
+    ``cwd``: (exit status, stderr)."""
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "radio_lit", "fit", "--config"]
+    command += [str(root / "configs" / "quickstart.yaml"), *args]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stderr
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """The quickstart through the real command, concurrently: a zero-weight ablation (past
+    the trunk's release at step 20) and the student cut at step 50."""
+    root = Path(__file__).resolve().parents[2]
+    jobs = {
+        "zero weights": [
+            "--model.feature_weights.dino=0",
+            "--model.summary_weights.dino=0",
+            "--trainer.max_steps=24",
+        ],
+        "cut at 50": ["--config", str(root / "tests" / "callbacks" / "cut_at_step_50.yaml")],
+    }
+    folders = {name: tmp_path_factory.mktemp("guard-cli") for name in jobs}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {
+            name: pool.submit(_radio_lit_fit, *args, cwd=folders[name])
+            for name, args in jobs.items()
+        }
+        return {name: (*futures[name].result(), folders[name]) for name in jobs}
+
+
+@pytest.mark.slow
+def test_the_quickstart_with_a_teachers_weights_0_trains_through_the_command(commands):
+    status, stderr, folder = commands["zero weights"]
+    assert status == 0, stderr[-3000:]
+    assert "heads.dino.features, heads.dino.summary left out of the check" in stderr
+    assert list(folder.rglob("last.ckpt"))
+
+
+@pytest.mark.slow
+def test_a_student_cut_at_step_50_stops_the_command_there_with_one_line(commands):
+    status, stderr, folder = commands["cut at 50"]
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("radio-lit: error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("radio-lit: error: no training progress at step 50: student.")
+    saved = [torch.load(c, weights_only=True)["global_step"] for c in folder.rglob("*.ckpt")]
+    assert saved and max(saved) == 50  # the 50 steps before the cut, not the step of the cut
