@@ -86,9 +86,10 @@ class _RunParser(LightningArgumentParser):
         """A mapping keyed by name (``model.teachers``, ``model.partitions``,
         ``model.feature_weights``...) that a later config gives is merged into the earlier
         one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
-        than replacing it. A config's ``optimizer`` or ``lr_scheduler`` other than ``null`` is
-        refused (:mod:`radio_lit.cli.unused_options`). (A flag giving the whole mapping, ``--model.feature_weights
-        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.)"""
+        than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
+        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.) A config's
+        ``optimizer`` or ``lr_scheduler`` other than ``null`` is refused
+        (:mod:`radio_lit.cli.unused_options`)."""
         if key in UNUSED and value is not None:  # a config's optimizer: / lr_scheduler:
             raise refusal(key)
         if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
