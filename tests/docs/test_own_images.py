@@ -49,7 +49,8 @@ def test_the_yaml_shows_every_argument_of_the_image_folder_data_module():
 
 
 def test_the_page_counts_its_paths():
-    """The page's "replace the N paths": the YAML's placeholders (``/weights/…``, ``/data/…``) number N."""
+    """The page's "replace the N paths": its YAML has N placeholders (``/weights/…``,
+    ``/data/…``)."""
     text = PAGE.read_text(encoding="utf-8")
     words = {"three": 3, "four": 4, "five": 5, "six": 6}
     said = re.search(r"replace the (\w+) paths", text)
