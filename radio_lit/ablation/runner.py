@@ -49,6 +49,9 @@ A row set may name :class:`~radio_lit.ablation.rows.Prerequisite` runs: ``c-radi
 their rows need once per seed (``--jobs`` at a time; the rows' overrides are not passed to it)
 into ``OUT/tensorboard/<name>[-seed<k>]/``, keeps one already there, and passes its
 ``checkpoints/last.ckpt`` to those rows; a failed one stops the ablation, naming its log.
+
+One ablation at a time writes in an ``--out`` folder: a second one started there while the
+first runs is refused in one line (:mod:`radio_lit.ablation.out_lock`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from radio_lit.ablation.final_validation import write_json
+from radio_lit.ablation.out_lock import holding
 from radio_lit.ablation.processes import Command, Slot, job_slots, start, visible_gpus
 from radio_lit.ablation.progress import Progress, RowState, clock
 from radio_lit.ablation.rows import ROW_SETS, Prerequisite, Row, RowSet, resolve_rows
@@ -170,7 +174,10 @@ def main(argv: Sequence[str]) -> None:
     try:
         gpus = visible_gpus() if args.jobs > 1 else []
         slots = job_slots(args.jobs, len(os.sched_getaffinity(0)), gpus)
-        failed = run_ablation(rows, base, overrides, out, args.seeds, args.cache, slots, row_set)
+        with holding(out):  # one ablation at a time in --out (radio_lit.ablation.out_lock)
+            failed = run_ablation(
+                rows, base, overrides, out, args.seeds, args.cache, slots, row_set
+            )
     except ValueError as err:
         parser.error(str(err))
     except KeyboardInterrupt:

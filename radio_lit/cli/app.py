@@ -44,6 +44,7 @@ from radio_lit.cli.overlays import (
 )
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
+from radio_lit.cli.unused_options import UNUSED, add_null_keys, refusal, refuse_given
 from radio_lit.core.errors import (
     BuildInterrupted,
     ConfigError,
@@ -86,7 +87,11 @@ class _RunParser(LightningArgumentParser):
         ``model.feature_weights``...) that a later config gives is merged into the earlier
         one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
         than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
-        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.)"""
+        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.) A config's
+        ``optimizer`` or ``lr_scheduler`` other than ``null`` is refused
+        (:mod:`radio_lit.cli.unused_options`)."""
+        if key in UNUSED and value is not None:  # a config's optimizer: / lr_scheduler:
+            raise refusal(key)
         if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
             value = merged_mapping(value, cfg.get(key) if cfg is not None else None)
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
@@ -109,6 +114,8 @@ class RadioLitCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", _RunParser)
         kwargs.setdefault("seed_everything_default", 0)
+        # No --optimizer / --lr_scheduler: the module builds both (radio_lit.cli.unused_options).
+        kwargs.setdefault("auto_configure_optimizers", False)
         # Bad arguments raise (radio_lit.cli.app.main prints them) instead of printing the usage;
         # a long option is never taken for its prefix (--trainer.max_step is not max_steps).
         given = kwargs.get("args")
@@ -148,16 +155,20 @@ class RadioLitCLI(LightningCLI):
             command = self.command_line[0]
             print(short_help(parser._subcommands_action._name_parser_map[command], command))
             raise SystemExit(0)
+        argv = sys.argv[1:] if args is None else args
+        argv = argv if isinstance(argv, list) else []
+        refuse_given(argv)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
-            argv = sys.argv[1:] if args is None else args
-            argv = argv if isinstance(argv, list) else []
             known = overlay_error(str(error), argv) or wrong_value_line(str(error), argv)
             if known is not None:
                 raise ConfigError(known) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        add_null_keys(parser)  # what a run's config.yaml written before holds: null only
 
     def _dump_config(self) -> None:
         """LightningCLI's dump of the parsed config for the module's and the data's

@@ -40,11 +40,22 @@ def resize_view(crop: Tensor, size: int | tuple[int, int]) -> Tensor:
     one kernel, no host reads. [choice] (Earlier versions used kornia's Gaussian blur, then
     bilinear: on the shipped photographs the two differ by 0.005-0.007 mean absolute pixel
     value in ``[0, 1]``, and this filter is 6x closer to PIL's; benchmarks/README.md.)
+
+    On a CPU a bfloat16 or float16 map is resized in float32 and cast back: PyTorch's CPU
+    antialiased kernel has no half-precision version (``precision: bf16-mixed`` on a CPU).
     """
     hw = (size, size) if isinstance(size, int) else tuple(size)
     if tuple(crop.shape[-2:]) == hw:
         return crop
-    return F.interpolate(crop, size=hw, mode="bilinear", align_corners=False, antialias=True)
+    half = crop.device.type == "cpu" and crop.dtype in (torch.bfloat16, torch.float16)
+    resized = F.interpolate(
+        crop.float() if half else crop,
+        size=hw,
+        mode="bilinear",
+        align_corners=False,
+        antialias=True,
+    )
+    return resized.to(crop.dtype) if half else resized
 
 
 def normalize_view(view: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import torch.nn.functional as F
 from torch import Tensor
+
+from radio_lit.data.views import resize_view
 
 GridPolicy = Literal["larger", "student", "teacher"]
 
@@ -36,17 +37,14 @@ def resample(features: Tensor, size: tuple[int, int]) -> Tensor:
 
     Each axis that grows is interpolated bilinearly (``align_corners=False``); each axis that
     shrinks is filtered with the antialiased bilinear (triangle) kernel, so every input cell
-    contributes. Returns ``features`` itself when the grid already matches.
+    contributes (the views' kernel, :func:`radio_lit.data.views.resize_view`: half precision
+    on a CPU is resized in float32). Returns ``features`` itself when the grid already matches.
     """
     if tuple(features.shape[1:3]) == tuple(size):
         return features
-    nchw = features.permute(0, 3, 1, 2)
     # antialias=True only widens the kernel along shrinking axes; growing axes get plain
     # bilinear weights (PyTorch's _upsample_bilinear2d_aa), so one call covers both.
-    out = F.interpolate(
-        nchw, size=tuple(size), mode="bilinear", align_corners=False, antialias=True
-    )
-    return out.permute(0, 2, 3, 1)
+    return resize_view(features.permute(0, 3, 1, 2), tuple(size)).permute(0, 2, 3, 1)
 
 
 def loss_grid(

@@ -51,11 +51,11 @@ PatternKind = Literal["speckle", "border", "windows"]
 
 def pattern_mask(kind: PatternKind, grid: tuple[int, int], band: int, window: int) -> Tensor:
     """The tokens ``[H, W]`` (bool) that carry the pattern of ``kind`` on ``grid``."""
-    height, width = grid
-    rows = torch.arange(height)[:, None].expand(height, width)
-    cols = torch.arange(width)[None, :].expand(height, width)
+    height, width = grid  # on the host, as the pattern's noise, whatever the default device
+    rows = torch.arange(height, device="cpu")[:, None].expand(height, width)
+    cols = torch.arange(width, device="cpu")[None, :].expand(height, width)
     if kind == "speckle":
-        return torch.ones(height, width, dtype=torch.bool)
+        return torch.ones(height, width, dtype=torch.bool, device="cpu")
     if kind == "border":
         return (rows < band) | (cols < band) | (rows >= height - band) | (cols >= width - band)
     return (rows % window == window - 1) | (cols % window == window - 1)

@@ -8,6 +8,7 @@ Pixel statistics follow the architecture, whatever the weights' source (:func:`p
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -169,7 +170,7 @@ def _create_clip(
     config = model_cfg if model_cfg is not None else open_clip.get_model_config(name)
     from_file = pretrained is not None and os.path.isfile(pretrained)
     if from_file and not keep_text and not pretrained.endswith((".npz", ".npy")):
-        with _registered_config(name, model_cfg), torch.device("meta"):
+        with _registered_config(name, model_cfg), torch.device("meta"), _no_random_init_line():
             model = open_clip.create_model(model_name, force_image_size=resolution, device="meta")
         with assigning_loads(model):
             open_clip.load_checkpoint(model, pretrained, weights_only=True)
@@ -219,6 +220,27 @@ def pixel_stats(
         cfg = model.visual.trunk.pretrained_cfg
         return tuple(cfg["mean"]), tuple(cfg["std"])
     return own
+
+
+#: What open_clip logs after ``create_model`` without ``pretrained``.
+_RANDOM_INIT_LINE = "No pretrained weights loaded for model"
+
+
+@contextmanager
+def _no_random_init_line() -> Iterator[None]:
+    """Drop open_clip's "No pretrained weights loaded … initialized randomly" warning (its root
+    logger's) while the block runs: the model built there gets the local file's weights next,
+    so the line would be wrong."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_RANDOM_INIT_LINE)
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 @contextmanager

@@ -44,6 +44,7 @@ the summary loss (cosine, AM-RADIO eq. 2) is scale invariant.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -231,10 +232,19 @@ def _calibration_views(
 
 @torch.no_grad()
 def calibration_features(teacher: Teacher, images: str, views: int, seed: int) -> Tensor:
-    """``teacher``'s features ``[N, C]`` (float64, one row per token) on the calibration
-    views (:func:`calibration_views` at its native resolution)."""
-    crops = calibration_views(images, teacher.resolution, views, seed)
-    features = teacher(as_float_images(crops)).features
+    """``teacher``'s features ``[N, C]`` (float64, one row per token, on the teacher's device)
+    on the calibration views (:func:`calibration_views` at its native resolution).
+
+    The crops are made on the host and the teacher runs where its weights are, whatever the
+    default device: a config built under ``torch.device("cuda")`` (benchmarks/harness.py)
+    holds teachers on the GPU and teachers that their library moved back to the host
+    (open_clip's ``create_model``)."""
+    tensors = itertools.chain(teacher.parameters(), teacher.buffers())
+    device = next((t.device for t in tensors), torch.device("cpu"))
+    with torch.device("cpu"):
+        crops = calibration_views(images, teacher.resolution, views, seed)
+    with torch.device(device):
+        features = teacher(as_float_images(crops.to(device))).features
     return features.reshape(-1, features.shape[-1]).double()
 
 

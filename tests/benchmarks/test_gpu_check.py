@@ -63,3 +63,19 @@ def test_the_check_builds_the_models_on_the_gpu(capsys, monkeypatch):
     assert code == 0, out
     row = next(line for line in out.splitlines() if line.startswith("quickstart.yaml  "))
     assert row.split()[1] == "pass" and "built on the host" not in row, row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_c_radio_ablation_rows_step_on_the_gpu(capsys, monkeypatch):
+    """The C-RADIOv4 ablation rows, CPU-sized, forced onto the GPU and built there
+    (``FixedPatternTeacher`` calibrates where its wrapped teacher's weights are; CPU proxy:
+    tests/teachers/test_fixed_pattern_teacher.py)."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    with warnings.catch_warnings():
+        code = gpu_check.main(["--only", "ablations/c-radio/", "--steps", "1"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("ablations/c-radio/")]
+    assert code == 0 and rows, out
+    assert all(row.split()[1] == "pass" for row in rows), out

@@ -6,6 +6,7 @@ one removed) fails here."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -221,3 +222,37 @@ def test_ci_runs_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     runs = [line for line in ci if "-m pytest" in line]
     assert runs[0] == tests, runs
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/first-run.md"])
+def test_the_sample_results_are_what_fit_prints_and_marked_as_varying(page):
+    """The quickstart's results shown in the manual are laid out as ``radio-lit fit`` prints
+    them (:func:`radio_lit.cli.results.results_table` of the values shown: rows, columns,
+    ``-`` cells, 4 significant digits; ``…`` marks rows left out), the geomean is that of
+    the fidelities shown, and the text says that the figures vary by machine."""
+    from radio_lit.cli.results import results_table
+
+    text = MANUAL[page]
+    block = re.search(r"```\n(results at step (\d+)\n.*?)\n\n", text, flags=re.S)
+    assert block, page
+    lines = [line for line in block.group(1).splitlines() if line != "…"]
+    columns = lines[1].split()
+    values: dict[str, float] = {}
+    for line in lines[2:]:
+        tag, *cells = line.split()
+        if not cells[1:]:
+            values[tag] = float(cells[0])
+            continue
+        assert len(cells) == len(columns), line
+        prefix, metric = tag.rsplit("/", 1)
+        for column, cell in zip(columns, cells, strict=True):
+            if cell != "-":
+                key = f"val/{column}/{metric}" if prefix == "val" else f"{prefix}/{column}/{metric}"
+                values[key] = float(cell)
+    rendered = results_table(values, int(block.group(2))).splitlines()
+    assert [" ".join(line.split()) for line in rendered] == [" ".join(x.split()) for x in lines]
+    fidelities = [v for k, v in values.items() if k.startswith("val/") and k.endswith("/fidelity")]
+    geomean = math.prod(fidelities) ** (1 / len(fidelities))
+    assert values["val/fidelity_geomean"] == pytest.approx(geomean, rel=1e-3)
+    after = text[block.end() : block.end() + 400] + text[block.start() - 400 : block.start()]
+    assert re.search(r"vary by\s+machine", after), page

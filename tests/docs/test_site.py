@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,18 @@ def test_the_api_reference_is_written_from_the_docstrings(site: Path) -> None:
     assert "radio_lit.normalizers.PhiS" in page
     assert "theorem 2.1" in page  # PhiS's docstring
     assert "Hadamard" in page
+
+
+def test_the_api_reference_renders_the_docstrings_sphinx_roles_as_links(site: Path) -> None:
+    """The docstrings' ``:func:`…```, ``:class:`~…``` (docs_hooks/sphinx_roles.py) are links to
+    the objects' entries, or code text for objects the reference does not render; no page
+    prints a role as text."""
+    role = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|obj|exc):")
+    pages = sorted((site / "api").rglob("*.html"))
+    assert len(pages) >= 12
+    raw = {p.parent.name: len(role.findall(p.read_text(encoding="utf-8"))) for p in pages}
+    assert not {page: n for page, n in raw.items() if n}, raw
+    training = (site / "api" / "training" / "index.html").read_text(encoding="utf-8")
+    link = 'href="#radio_lit.training.losses.mesa_term"><code>radio_lit.training.losses.mesa_term'
+    assert link in training  # :func:`radio_lit.training.losses.mesa_term`
+    assert training.count('class="autorefs autorefs-internal"') > 50

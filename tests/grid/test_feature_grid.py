@@ -75,3 +75,17 @@ def test_a_policy_that_would_resample_sam_is_refused():
         tiny_module(grid_policy_overrides={"siglip": "student"})
     with pytest.raises(ValueError, match="grid_policy"):
         check_policies("nearest", {}, {"clip": True})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [(3, 5), (9, 4)], ids=["shrink", "grow_and_shrink"])
+def test_half_precision_maps_resample_on_a_cpu(dtype, size):
+    """``bf16-mixed`` on a CPU: the teachers' and the heads' half-precision maps reach the loss
+    grid although PyTorch's CPU antialiased kernel has no half version (computed in float32,
+    returned in the map's dtype, gradients through)."""
+    features = torch.randn(2, 6, 6, 4).to(dtype).requires_grad_()
+    out = resample(features, size)
+    assert out.dtype == dtype and out.shape == (2, *size, 4)
+    torch.testing.assert_close(out, resample(features.detach().float(), size).to(dtype))
+    out.float().sum().backward()
+    assert features.grad is not None and features.grad.dtype == dtype

@@ -10,7 +10,7 @@ from radio_lit.teachers import FixedPatternTeacher
 from radio_lit.teachers.fixed_pattern import pattern_mask
 from radio_lit.teachers.rescaled import calibration_features
 from radio_lit.training.teachers import run_teachers
-from tests.teachers.tiny import tiny_dinov3_teacher
+from tests.teachers.tiny import tiny_dinov3_teacher, tiny_sam_teacher, tiny_siglip_teacher
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,45 @@ def test_loaded_weights_bring_the_patterns_scale(inner):
     assert not torch.equal(other.pattern((6, 6)), saved.pattern((6, 6)))
     torch.nn.Module.load_state_dict(other, {"sigma": saved.sigma}, strict=False)
     torch.testing.assert_close(other.pattern((6, 6)), saved.pattern((6, 6)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [tiny_siglip_teacher, tiny_dinov3_teacher, tiny_sam_teacher],
+    ids=["open_clip", "timm", "sam"],
+)
+def test_built_under_another_default_device_it_calibrates_where_its_weights_are(build):
+    """CPU proxy of the C-RADIOv4 ablation rows on CUDA: ``benchmarks/harness.py`` builds a run
+    under ``torch.device("cuda")``, and open_clip moves its model back to the host, so the
+    wrapped teacher's weights and the default device differ. Here the weights are on the host
+    and the default device is ``meta``: the calibration runs on the host all the same, and the
+    pattern is the one built without a default device."""
+    torch.manual_seed(0)
+    inner = build()
+    expected = FixedPatternTeacher(inner, "windows", seed=3, calibration_views=1)
+    with torch.device("meta"):
+        built = FixedPatternTeacher(inner, "windows", seed=3, calibration_views=1)
+        pattern = built.pattern((6, 6))
+    assert built.sigma.device.type == "cpu" and pattern.device.type == "cpu"
+    assert torch.equal(built.sigma, expected.sigma)
+    assert torch.equal(pattern, expected.pattern((6, 6)))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [tiny_siglip_teacher, tiny_dinov3_teacher, tiny_sam_teacher],
+    ids=["open_clip", "timm", "sam"],
+)
+def test_every_tensor_follows_a_device_move(build):
+    """CPU proxy of a move to CUDA: after ``.to("meta")`` no parameter, buffer or tensor
+    attribute of any submodule is left on the host."""
+    torch.manual_seed(0)
+    teacher = FixedPatternTeacher(build(), "border", seed=1, calibration_views=1)
+    teacher.pattern((6, 6))  # a cached pattern on the host
+    teacher.to("meta")
+    left = [n for n, t in [*teacher.named_parameters(), *teacher.named_buffers()] if t.is_cpu]
+    for prefix, module in teacher.named_modules():
+        tensors = {k: v for k, v in vars(module).items() if torch.is_tensor(v)}
+        left += [f"{prefix}.{k}" for k, v in tensors.items() if v.is_cpu]
+    assert left == []
+    assert teacher.sigma.is_meta

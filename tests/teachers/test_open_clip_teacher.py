@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,13 @@ def test_checkpoint_file_summary_and_features_match_open_clip(
     final_norm: Callable[[nn.Module], nn.Module],
     tmp_path: Path,
     crop: Tensor,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     source = _saved_model(model_cfg, tmp_path / "tiny.pt")
-    teacher = build(pretrained=str(tmp_path / "tiny.pt"))
+    with caplog.at_level(logging.WARNING):
+        teacher = build(pretrained=str(tmp_path / "tiny.pt"))
+    # open_clip's "No pretrained weights loaded ... initialized randomly" would be wrong here
+    assert not [r for r in caplog.records if "pretrained" in r.getMessage()], caplog.text
 
     expected = source.visual.state_dict()
     loaded = teacher.model.state_dict()
