@@ -294,6 +294,7 @@ def _native(model: str) -> tuple[nn.Module, int, int]:
     preferred = getattr(config, "preferred_resolution", None) or ours.get("preferred_resolution")
     return net, int(config.patch_size), int(preferred[0]) if preferred else 432
 
+
 _NATIVE_HINT = (
     "Offline: download the repository once (hf download <id>) and give its folder as model, "
     "or use a radio-lit export file with loader: export."
