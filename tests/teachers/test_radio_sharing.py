@@ -7,6 +7,7 @@ normalizers, losses), and the model is held once and run once per view for all o
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,14 @@ def test_entries_of_one_model_hold_one_copy(exported: Path) -> None:  # noqa: F8
     one_copy = sum(p.numel() for p in first.parameters())
     assert _parameters(shared) == one_copy
     assert _parameters(separate) == len(OUTPUTS) * one_copy
+    copied = copy.deepcopy(torch.nn.ModuleDict(shared))  # a module's copy: one copy of its own
+    assert all(t.model is copied["radio_sam"].model for t in copied.values())
+    assert copied["radio_sam"].model is not first
+    calls, crop = _count_calls(copied["radio_sam"].model), torch.rand(2, 3, 64, 64)
+    got = run_teachers(copied, crop, list(copied), (4, 4))
+    assert calls[0] == 1
+    for name, output in run_teachers(shared, crop, list(shared), (4, 4)).items():
+        assert torch.equal(got[name].features, output.features)
 
 
 def test_one_forward_per_view_and_the_separate_entries_outputs(exported: Path) -> None:  # noqa: F811
