@@ -8,6 +8,7 @@ normalizers, losses), and the model is held once and run once per view for all o
 from __future__ import annotations
 
 import copy
+import gc
 import json
 from pathlib import Path
 
@@ -28,6 +29,9 @@ OUTPUTS = ["backbone", "clip", "dino", "sam"]
 
 
 def _entries(path: Path, share: bool, **options: object) -> dict[str, RADIOTeacher]:
+    """One ``RADIOTeacher`` per output of the export ``path``; an earlier test's teachers still
+    in reference cycles (a fitted module) are collected first, so that they share nothing."""
+    gc.collect()
     return {
         f"radio_{o}": RADIOTeacher(str(path), adaptor=o, share=share, **options) for o in OUTPUTS
     }
