@@ -186,6 +186,15 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
         return [override(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
     if kind == "SAMTeacher":
         return [f"{args}.model_type=null", override(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
+    if kind == "RADIOTeacher":  # one tiny export with every adaptor name the configs use
+        from tests.export.tiny_export import tiny_radio_export
+
+        return [
+            f"{args}.model={tiny_radio_export()}",
+            f"{args}.loader=export",
+            f"{args}.backend=native",
+            f"{args}.trust_remote_code=false",
+        ]
     if kind == "SAM3Teacher":
         return [
             f"{args}.model=sam3_vision_model",
