@@ -25,12 +25,12 @@ Usage::
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from radio_lit.export.checkpoint import is_sharded_checkpoint, student_weights
@@ -48,8 +48,6 @@ from radio_lit.students import CPEViT, MLPHead
 from radio_lit.students.ema import EMAStudent
 from radio_lit.students.heads import mlp_shape
 
-log = logging.getLogger(__name__)
-
 Source = str | Mapping[str, Any]
 
 
@@ -60,12 +58,12 @@ def initialize(module: Any, source: Source) -> None:
     if path.suffix == ".ckpt" or is_sharded_checkpoint(path):
         weights, _ = student_weights(path, module.state_dict(), module.heads)
         module.load_state_dict(weights, strict=False)
-        log.info("model.init_from: %s (radio-lit checkpoint)", path)
+        rank_zero_info(f"model.init_from: {path} (radio-lit checkpoint)")
         return
     if not path.exists():
         raise FileNotFoundError(f"model.init_from: {path} does not exist; {KNOWN}")
     published = read_published(path)
-    log.info("model.init_from: %s (%s)", path, published.format)
+    rank_zero_info(f"model.init_from: {path} ({published.format})")
     load_published(module, published, names)
 
 
@@ -95,7 +93,7 @@ def load_published(module: Any, published: Published, names: Mapping[str, str]) 
     imported, fresh = load_heads(module, published, names)
     if getattr(module, "ema", None) is not None:  # the EMA starts at the imported weights
         module.ema = EMAStudent(module.student, module.heads, module.ema.decay)
-    log.info("model.init_from: heads imported %s; heads that start fresh: %s", imported, fresh)
+    rank_zero_info(f"model.init_from: heads imported {imported}; heads that start fresh: {fresh}")
 
 
 def source_trunk(published: Published, num_cls: int) -> dict[str, Any]:
@@ -194,8 +192,9 @@ def _input_normalization(module: Any, state: Mapping[str, Tensor]) -> None:
     mean = tuple(float(v) for v in state[CONDITIONER + "norm_mean"].flatten())
     std = tuple(float(v) for v in state[CONDITIONER + "norm_std"].flatten())
     if (mean, std) != (tuple(module.student_mean), tuple(module.student_std)):
-        log.info("model.init_from: the student's pixel mean/std are the source's: %s / %s",
-                 mean, std)  # fmt: skip
+        rank_zero_info(
+            f"model.init_from: the student's pixel mean/std are the source's: {mean} / {std}"
+        )
     module.student_mean, module.student_std = mean, std
     module.student_step.mean, module.student_step.std = mean, std
 
@@ -250,7 +249,7 @@ def load_heads(
         state = {k[len(name) + 1 :]: v for k, v in heads.items() if k.startswith(name + ".")}
         module.imported_heads.carry(name, entries[name], state)
     if carried:
-        log.info("model.init_from: shipped heads carried unchanged into exports: %s", carried)
+        rank_zero_info(f"model.init_from: shipped heads carried unchanged into exports: {carried}")
     return imported, fresh
 
 

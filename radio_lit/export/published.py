@@ -288,7 +288,9 @@ def _from_nvlabs_hf(weights: Mapping[str, Tensor], config: Mapping[str, Any]) ->
     state = {}
     for key, value in weights.items():
         key = key.removeprefix("radio_model.")
-        if key.startswith("model."):
+        if key.startswith("model."):  # transformers' LayerScale saved under NVlabs' names too
+            for k in ("1", "2"):
+                key = key.replace(f".layer_scale{k}.lambda1", f".ls{k}.gamma")
             state[BASE + key[len("model.") :]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value
