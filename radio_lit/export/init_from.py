@@ -133,6 +133,19 @@ def student_trunk(student: CPEViT) -> dict[str, Any]:
 def check_architecture(published: Published, student: CPEViT, num_cls: int) -> None:
     """Refuse a student of another architecture than the source's, naming both."""
     source, own = source_trunk(published, num_cls), student_trunk(student)
+    extras = (published.args or {}).get("radio_lit") or {}
+    window = extras.get("vitdet_window_size")  # the ViTDet layout a radio-lit export records
+    if window is not None and (window, extras.get("vitdet_windowed")) != (
+        student.vitdet_eval_window_size,
+        list(student.windowed),
+    ):
+        raise ValueError(
+            f"model.init_from: {published.path} attends within ViTDet windows of {window} "
+            f"patches in blocks {extras.get('vitdet_windowed')}, the config's student in "
+            f"{student.vitdet_eval_window_size} ({list(student.windowed)}): set "
+            f"model.student.init_args.vitdet_eval_window_size: {window} (and its "
+            "vitdet_num_windowed)"
+        )
     differ = {k: (v, own[k]) for k, v in source.items() if own[k] != v}
     if not differ:
         return

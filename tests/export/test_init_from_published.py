@@ -140,11 +140,23 @@ class Losses(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
+def shared_token_source(folder: Path) -> Path:
+    """A tiny module with one shared summary token (any number of teachers then fits RADIO's
+    layout, the carried ones too), PHI-S fitted, exported in NVlabs' layout."""
+    torch.manual_seed(0)
+    student = tiny_student(num_registers=2, cpe_align_corners=False)
+    module = tiny_module(student=student, teachers=_teachers(), normalizer=PhiS)
+    for name, output in module.run_teachers(torch.rand(4, 3, 96, 96)).items():
+        module.normalizers[name].update(output.features)
+        module.normalizers[name].fit()
+    return save_radio(module_inference_model(module.eval()), folder / "shared.pth")
+
+
 def fit_imported(root: Path, source: Path, *extra, ckpt_path=None, steps: int = 3):
     """The tiny module from ``source`` with a new teacher ``sam2`` (the shipped SAM head is
     carried), trained ``steps`` steps with PHI-S estimated over the first two."""
     torch.manual_seed(0)
-    student = tiny_student(**STUDENT["init_args"])
+    student = tiny_student(num_registers=2, cpe_align_corners=False)
     module = tiny_module(student=student, teachers=_teachers("sam2"), normalizer=PhiS,
                          init_from=str(source))  # fmt: skip
     callbacks = [TeacherStatsEstimation(steps=2, refit_every=1), SeedPerStep(), *extra]
@@ -154,24 +166,27 @@ def fit_imported(root: Path, source: Path, *extra, ckpt_path=None, steps: int = 
 
 
 @pytest.mark.slow
-def test_an_imported_run_trains_resumes_exactly_and_exports_old_and_new_heads(exported, tmp_path):
+def test_an_imported_run_trains_resumes_exactly_and_exports_old_and_new_heads(tmp_path):
+    source = shared_token_source(tmp_path)
     losses = Losses()
-    uninterrupted = fit_imported(tmp_path / "full", exported / "student.pth", losses)
+    uninterrupted = fit_imported(tmp_path / "full", source, losses)
     assert losses.losses[0] != losses.losses[-1]  # a step moves the loss
     path = tmp_path / "killed.ckpt"
-    fit_imported(tmp_path / "first", exported / "student.pth", StopAt(2, path))
-    resumed = fit_imported(tmp_path / "second", exported / "student.pth", ckpt_path=path)
+    fit_imported(tmp_path / "first", source, StopAt(2, path))
+    resumed = fit_imported(tmp_path / "second", source, ckpt_path=path)
     for key, value in uninterrupted.state_dict().items():
         if not key.startswith("teachers."):
             assert torch.allclose(resumed.state_dict()[key], value, atol=1e-6), key
 
-    checkpoint = saved_run(resumed, tmp_path / "run", config={"model": {"teachers": {
-        **{n: TEACHERS[n] for n in ("clip", "dino")}, "sam2": TEACHERS["sam"]}}})  # fmt: skip
-    model = checkpoint_inference_model(checkpoint)
+    teachers = {"clip": TEACHERS["clip"], "dino": TEACHERS["dino"], "sam2": TEACHERS["sam"]}
+    student = {**STUDENT, "init_args": {**STUDENT["init_args"], "num_cls_tokens": 1}}
+    config = {"model": {"teachers": teachers, "student": student}}
+    model = checkpoint_inference_model(saved_run(resumed, tmp_path / "run", config=config))
     save_radio(model, tmp_path / "again.pth")
-    config, state = read_radio(exported / "student.pth")
+    _, state = read_radio(source)
     again_config, again = read_radio(tmp_path / "again.pth")
     assert [t["name"] for t in again_config["teachers"]] == ["clip", "dino", "sam2", "sam"]
+    assert "_feature_projections.sam2.fc1.weight" in again  # the new head
     for key in [k for k in state if k.startswith(("_heads.sam.", "_feature_projections.sam."))]:
         assert torch.equal(again[key], state[key]), key  # the shipped head, carried untrained
     assert torch.equal(again["input_conditioner.norm_mean"], state["input_conditioner.norm_mean"])
