@@ -146,6 +146,8 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
             f"model.student.init_args.vitdet_eval_window_size: {window} (and its "
             "vitdet_num_windowed)"
         )
+    if extends_tokens(published, student, num_cls):
+        own["summary tokens"] = source["summary tokens"]
     differ = {k: (v, own[k]) for k, v in source.items() if own[k] != v}
     if not differ:
         return
@@ -169,6 +171,17 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
     )
 
 
+def extends_tokens(published: Published, student: CPEViT, num_cls: int) -> bool:
+    """Whether ``student`` has the source's summary tokens and more, for teachers the source
+    lacks: its ``summary_tokens`` name the source's teachers first, in their token order
+    (NVlabs' token per teacher), then the new ones. ``[choice]``: a new token starts as a
+    copy of the first summary token (the source's own summary)."""
+    names = [t["name"] for t in published.teachers]
+    declared = student.summary_tokens or []
+    per_teacher = num_cls == len(names) > 1
+    return per_teacher and len(declared) > num_cls and declared[:num_cls] == names
+
+
 def _describe(trunk: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in trunk.items())
 
@@ -178,6 +191,9 @@ def load_trunk(student: CPEViT, published: Published, num_cls: int) -> None:
     the projection before it where the student has none: ``γ (W x + b) = (γ W) x + γ b``)."""
     patch_bias = student.patch_embed.proj.bias is not None
     weights = trunk_from_radio(published.state, num_cls, patch_bias)
+    tokens, extra = weights["cls_token"], student.num_cls_tokens - num_cls
+    if extra > 0:  # new teachers' tokens (extends_tokens): copies of the first
+        weights["cls_token"] = torch.cat([tokens, tokens[:, :1].expand(1, extra, -1)], dim=1)
     own = student.state_dict()
     for key in [k for k in weights if k.endswith((".ls1.gamma", ".ls2.gamma")) and k not in own]:
         gamma = weights.pop(key).double()

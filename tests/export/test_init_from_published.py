@@ -13,6 +13,7 @@ import torch
 from radio_lit.callbacks import TeacherStatsEstimation
 from radio_lit.data.views import normalize_view
 from radio_lit.export import (
+    PublishedStudent,
     checkpoint_inference_model,
     module_inference_model,
     read_radio,
@@ -190,3 +191,38 @@ def test_an_imported_run_trains_resumes_exactly_and_exports_old_and_new_heads(tm
     for key in [k for k in state if k.startswith(("_heads.sam.", "_feature_projections.sam."))]:
         assert torch.equal(again[key], state[key]), key  # the shipped head, carried untrained
     assert torch.equal(again["input_conditioner.norm_mean"], state["input_conditioner.norm_mean"])
+
+
+def test_a_student_with_a_token_for_a_new_teacher_extends_the_source(exported):
+    """Extending a published model by a teacher with a summary: the student names the
+    source's tokens first, then the new one, which starts as a copy of the first (one more
+    token to attend to: no longer the source's function to round-off)."""
+    from tests.teachers.tiny import tiny_dinov2_teacher
+
+    torch.manual_seed(0)
+    names = ["clip", "dino", "sam", "dino2"]
+    student = tiny_student(**{**STUDENT["init_args"], "num_cls_tokens": None},
+                           summary_tokens=names)  # fmt: skip
+    teachers = {**_teachers(), "dino2": tiny_dinov2_teacher()}
+    module = tiny_module(student=student, teachers=teachers, normalizer=PhiS,
+                         init_from=str(exported / "student.pth")).eval()  # fmt: skip
+    _, state = read_radio(exported / "student.pth")
+    source = state["base_model.patch_generator.cls_token.token"]
+    tokens = module.student.cls_token[0]
+    assert torch.equal(tokens[:3], source[:3]) and torch.equal(tokens[3], source[0])
+    assert torch.equal(module.student.registers[0], source[3:])
+    assert module.imported_heads.names == ["clip", "dino", "sam"]  # dino2's head is fresh
+
+
+def test_a_published_student_reads_its_architecture_from_the_source(trained, exported):
+    """``PublishedStudent`` needs no restated architecture and reproduces the source."""
+    source = exported / "student.pth"
+    torch.manual_seed(0)
+    student = PublishedStudent(source=str(source))
+    assert (student.num_cls_tokens, student.num_registers) == (3, 2)
+    assert student.summary_tokens == ["clip", "dino", "sam"]
+    module = tiny_module(student=student, normalizer=PhiS, init_from=str(source)).eval()
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    want = own_outputs(trained, images)
+    del want["backbone"]
+    assert_reproduces(outputs_in_teacher_space(module, images), want)
