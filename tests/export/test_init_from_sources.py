@@ -167,3 +167,46 @@ def test_a_checkpoint_as_nvlabs_code_loads_it(exported):
     for name in ("clip", "dino", "sam"):
         features = module.heads[name].features(student.features).flatten(1, 2)
         assert relative(features, want[name].features) <= 1e-5, name
+
+
+def test_an_nvlabs_hugging_face_folder(trained, exported, tmp_path):
+    """NVlabs' Hugging Face layout (``radio/hf_model.py``): ``config.json`` with ``args``, the
+    weights under ``radio_model.model.*``, ``radio_model.input_conditioner.*`` and
+    ``radio_model.adaptors.<name>.head_mlp|feat_mlp.*``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from radio_lit.export import read_radio
+    from tests.export.test_init_from_published import (
+        assert_reproduces,
+        outputs_in_teacher_space,
+    )
+    from tests.export.tiny_export import own_outputs
+
+    config, state = read_radio(exported / "student.pth")
+    weights = {}
+    for key, value in state.items():
+        for old, new in (
+            ("base_model.", "radio_model.model."),
+            ("input_conditioner.", "radio_model.input_conditioner."),
+            ("_heads.", "radio_model.adaptors.{}.head_mlp."),
+            ("_feature_projections.", "radio_model.adaptors.{}.feat_mlp."),
+        ):
+            if key.startswith(old):
+                rest = key[len(old) :]
+                if "{}" in new:
+                    name, rest = rest.split(".", 1)
+                    new = new.format(name)
+                weights[new + rest] = value.contiguous()
+    folder = tmp_path / "nvlabs-hf"
+    folder.mkdir()
+    save_file(weights, str(folder / "model.safetensors"))
+    names = [t["name"] for t in config["teachers"]]
+    (folder / "config.json").write_text(json.dumps({"args": config, "adaptor_names": names}))
+    assert read_published(folder).format == "NVlabs Hugging Face folder"
+    module = imported_module(folder)
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(7))
+    want = own_outputs(trained, images)
+    del want["backbone"]
+    assert_reproduces(outputs_in_teacher_space(module, images), want)
