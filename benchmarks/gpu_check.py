@@ -186,6 +186,8 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
         return [override(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
     if kind == "SAMTeacher":
         return [f"{args}.model_type=null", override(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
+    if kind == "RADIOTeacher":  # one stand-in for all of a config's: radio_stand_in_overrides
+        return []
     if kind == "SAM3Teacher":
         return [
             f"{args}.model=sam3_vision_model",
@@ -196,6 +198,35 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
         f"{key}: no tiny stand-in for {kind}; add one to benchmarks/gpu_check.py "
         "(tiny_teacher_overrides) so that configs using it are built by the tests"
     )
+
+
+def radio_stand_in_overrides(raw: dict[str, Any]) -> list[str]:
+    """Overrides that load every ``RADIOTeacher`` of a config (a published RADIO's outputs,
+    ``configs/recipes/{adapt,extend}``) from one tiny export with the adaptor heads they name
+    (:func:`tests.published_stand_in.radio_stand_in`, the quickstart student's architecture),
+    read by ``loader: export``; a config whose ``model.init_from`` is its RADIO teachers' file
+    (a CPU twin, starting as the model it learns from) starts from the stand-in too."""
+    from tests.published_stand_in import radio_stand_in
+
+    entries = {
+        key: entry
+        for key, entry in config_teachers(raw).values()
+        if str(entry.get("class_path", "")).endswith("RADIOTeacher")
+    }
+    if not entries:
+        return []
+    inits = {key: entry.get("init_args") or {} for key, entry in entries.items()}
+    adaptors = sorted({i.get("adaptor", "backbone") for i in inits.values()} - {"backbone"})
+    path = radio_stand_in(tuple(adaptors))
+    out = []
+    for key in entries:
+        args = f"{key}.init_args"
+        out += [f"{args}.model={path}", f"{args}.loader=export", f"{args}.backend=native"]
+        out.append(f"{args}.trust_remote_code=false")
+    init_from = (raw.get("model") or {}).get("init_from")
+    if init_from is not None and init_from in {i.get("model") for i in inits.values()}:
+        out.append(f"--model.init_from={path}")
+    return out
 
 
 def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
@@ -365,6 +396,8 @@ def build(
     otherwise)."""
     raw = merged(config.files)
     overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
+    if size in ("cpu", "build"):
+        overrides += radio_stand_in_overrides(raw)
     for key, entry in config_teachers(raw).values():
         if size in ("cpu", "build"):
             overrides += tiny_teacher_overrides(key, entry)
