@@ -129,10 +129,12 @@ def new_teacher_weights(folder: Path, seed: int) -> Path:
 
     from radio_lit.teachers import TimmTeacher
 
+    path = folder / f"{NEW_TEACHER}-seed{seed}.pth"
+    if path.is_file():
+        return path
     init = harness.load_config(EXTEND)["model"]["teachers"][NEW_TEACHER]["init_args"]
     torch.manual_seed(10_000 + seed)
     teacher = TimmTeacher(**{k: v for k, v in init.items() if k != "checkpoint"})
-    path = folder / f"{NEW_TEACHER}-seed{seed}.pth"
     torch.save(teacher.model.state_dict(), path)
     return path
 
@@ -144,7 +146,9 @@ def validation_folder(folder: Path, crop: int) -> Path:
     from radio_lit.data.synthetic import SyntheticImages
 
     out = folder / "synthetic-val"
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        return out
+    out.mkdir(parents=True)
     images = SyntheticImages(VALIDATION_IMAGES, crop, seed=VALIDATION_SEED)
     for i in range(len(images)):
         Image.fromarray(images[i].permute(1, 2, 0).numpy()).save(out / f"{i:03d}.png")
@@ -166,6 +170,8 @@ def adapt(start: Path, variant: str, seed: int, steps: int, folder: Path) -> tup
     on held-out synthetic images."""
     raw = harness.load_config(EXTEND)
     teachers = raw["model"]["teachers"]
+    run = folder / f"{variant}-{seed}"
+    run.mkdir(parents=True, exist_ok=True)
     overrides = [] if variant == "with" else ["--config", str(without_itself(folder))]
     crop = raw["data"]["init_args"]["crop_size"]
     weights = new_teacher_weights(folder, seed)
@@ -176,7 +182,7 @@ def adapt(start: Path, variant: str, seed: int, steps: int, folder: Path) -> tup
         f"--data.init_args.val_dir={validation_folder(folder, crop)}",
         f"--data.init_args.seed={seed + 1}",
         f"--trainer.max_steps={steps}",
-        f"--trainer.default_root_dir={folder}",
+        f"--trainer.default_root_dir={run}",
         "--trainer.logger=false",
         "--trainer.enable_checkpointing=false",
         "--trainer.enable_progress_bar=false",
@@ -306,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for seed in args.seeds:
         for variant in ("without", "with"):
             t0 = time.perf_counter()
-            module, fidelity = adapt(start, variant, seed, args.steps, folder / f"{variant}-{seed}")
+            module, fidelity = adapt(start, variant, seed, args.steps, folder)
             model = radio_lit.export.module_inference_model(module.eval())
             rows.append(Row(seed, variant, drift(model, start_model, views), fidelity, 0.0))
             rows[-1].seconds = time.perf_counter() - t0
