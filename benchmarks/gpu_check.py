@@ -390,14 +390,16 @@ def build(
     one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
     partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
     partitions and resolutions as configured: with ``student_device="meta"`` the real
-    architecture of a GPU recipe's student at no cost). The models are created on ``device``
+    architecture of a GPU recipe's student at no cost); at every size a published RADIO's
+    outputs (``RADIOTeacher``) come from one tiny stand-in (:func:`radio_stand_in_overrides`).
+    The models are created on ``device``
     unless ``build_on_host`` (:func:`benchmarks.harness.on_device`). ``extra``: more
     command-line overrides (they come last and win; one training step unless they say
     otherwise)."""
     raw = merged(config.files)
     overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
-    if size in ("cpu", "build"):
-        overrides += radio_stand_in_overrides(raw)
+    # a published RADIO's weights are not on an offline machine: its tiny stand-in at any size
+    overrides += radio_stand_in_overrides(raw)
     for key, entry in config_teachers(raw).values():
         if size in ("cpu", "build"):
             overrides += tiny_teacher_overrides(key, entry)
