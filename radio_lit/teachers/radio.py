@@ -18,6 +18,10 @@ features are the patch tokens):
   "radio_model", version=model, adaptor_names=...)``; ``hub_repo`` is ``NVlabs/RADIO`` or a
   local clone (``source="local"``): always NVlabs' code.
 
+The entries of one model share it (``share``, on by default): the backbone and each adaptor
+are separate teachers of the run, and the model is held once and run once per view for all
+of them (:mod:`radio_lit.teachers.radio_source`).
+
 NVlabs' code runs only when asked: ``torch_hub`` and ``backend: remote_code`` need
 ``trust_remote_code: true`` (off by default); the teacher refuses them before anything is
 downloaded otherwise. [choice] timm's C-RADIO classes (``naflexvit_*_radio_v4``) are not a
@@ -39,15 +43,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from radio_lit.teachers._errors import require_file
 from radio_lit.teachers.base import Teacher, TeacherOutput
-from radio_lit.teachers.loading import TeacherDtype, cast, download_errors
-from radio_lit.teachers.speed import TeacherSpeed
+from radio_lit.teachers.loading import TeacherDtype
+from radio_lit.teachers.radio_source import radio_source
+from radio_lit.teachers.speed import EncoderRunner, TeacherSpeed
 
 
 class RADIOTeacher(Teacher):
@@ -84,6 +88,10 @@ class RADIOTeacher(Teacher):
             (:meth:`~radio_lit.teachers.Teacher.freeze`; docs/teachers.md). [choice]
         speed: compile, FP8 and attention-backend options of the encoder
             (:class:`~radio_lit.teachers.speed.TeacherSpeed`; docs/speed.md).
+        share: hold the model once and run it once per view for every entry of the run
+            with the same source options (its backbone and each adaptor as separate
+            teachers; :mod:`radio_lit.teachers.radio_source`, docs/teachers.md). ``false``:
+            a model of this entry's own.
     """
 
     def __init__(
@@ -100,18 +108,30 @@ class RADIOTeacher(Teacher):
         dtype: TeacherDtype | None = None,
         channels_last: bool = False,
         speed: TeacherSpeed | None = None,
+        share: bool = True,
     ) -> None:
-        net, patch, preferred = _load(model, loader, backend, adaptor, hub_repo, trust_remote_code)
-        resolution = resolution or preferred
+        _check_adaptor(model, loader, backend, adaptor)
+        sharing = (channels_last, repr(speed)) if share else None
+        source = radio_source(model, loader, backend, hub_repo, trust_remote_code, dtype, sharing)
+        source.serve(self, adaptor)
+        net = source.net
+        if loader == "export":
+            _check_export_adaptor(net, model, adaptor)
+        resolution = resolution or source.preferred
         # the model normalizes its [0, 1] input itself: the view is only resized
-        super().__init__(resolution, patch, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), follow_student)
-        self.model = cast(net, dtype)
+        mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+        super().__init__(resolution, source.patch_size, mean, std, follow_student)
+        self.model = net
+        #: The loaded model and its kept outputs, shared with the run's other entries of it.
+        self.source = source
         self.adaptor = adaptor
         self.loader = loader
         #: transformers' native RadioModel: one output, RadioModelOutput(summary, features).
         self.native = loader == "transformers" and backend == "native"
         self.use_summary = _use_summary(net, model, loader, adaptor, summary)
-        self.freeze(channels_last, speed)
+        self.freeze(channels_last)
+        self._reported(source.speed(speed, "RADIOTeacher"))
+        patch = self.patch_size
         probe = self.encode(torch.rand(1, 3, patch * 2, patch * 2, dtype=_dtype(self.model)))
         if summary and probe.summary is None:
             raise ValueError(
@@ -123,6 +143,9 @@ class RADIOTeacher(Teacher):
         self._feature_dim = probe.features.shape[-1]
         #: Feature cells per patch along each side (an upsampling adaptor's ``u``, else 1).
         self.upsample_factor = probe.features.shape[1] // 2
+        #: The crop and view size of the call in progress (:meth:`forward`).
+        self._crop: Tensor | None = None
+        self._size: tuple[int, ...] | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -138,14 +161,40 @@ class RADIOTeacher(Teacher):
         side = self.resolution // self.patch_size * self.upsample_factor
         return side, side
 
+    @torch.no_grad()
+    def forward(self, crop: Tensor, size: tuple[int, int] | None = None) -> TeacherOutput:
+        """:meth:`Teacher.forward <radio_lit.teachers.Teacher.forward>`, the model run once
+        per view for every teacher sharing it (:mod:`radio_lit.teachers.radio_source`)."""
+        self._crop, self._size = crop, tuple(size or (self.resolution, self.resolution))
+        try:
+            return super().forward(crop, size)
+        finally:
+            self._crop = None
+
+    def run_encoder(self, view: Tensor) -> TeacherOutput:
+        """The chosen output of the shared model's outputs on ``view``: computed once for the
+        teachers sharing the model when called from :meth:`forward` (its crop and size
+        identify the view), with the speed options' runner where there is one."""
+        outputs = self.source.outputs(self, self._crop, self._size, view)
+        return self._chosen(outputs, view)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``model.compile``: the shared model's call compiled once for all its teachers."""
+        self._reported(self.source.compile(dict(kwargs) or True, "RADIOTeacher"))
+
+    def _reported(self, runner: EncoderRunner | None) -> None:
+        """The shared runner as this teacher's ``speed_runner`` (what ``SpeedReport`` reports)
+        for the first teacher of the model only: its compile times and FP8 layers once."""
+        self.speed_runner = runner if self.source.lead is self else None
+
     def encode(self, view: Tensor) -> TeacherOutput:
         """``[B, 3, H, W]`` in ``[0, 1]`` -> the chosen output: summary ``[B, C_s]`` (``None``
         without a trained one) and features ``[B, u H/p, u W/p, C]`` (``u``: the adaptor's
-        upsampling factor, 1 for the backbone and most adaptors)."""
-        # NVlabs' hub model takes the layout as an argument; its HF wrapper returns NLC
-        outputs = (
-            self.model(view, feature_fmt="NLC") if self.loader == "torch_hub" else self.model(view)
-        )
+        upsampling factor, 1 for the backbone and most adaptors). One plain model call."""
+        return self._chosen(self.source.call(view), view)
+
+    def _chosen(self, outputs: Any, view: Tensor) -> TeacherOutput:
+        """This teacher's output of the model's ``outputs`` on ``view``."""
         if self.native or not isinstance(outputs, dict):  # the backbone's (summary, features)
             outputs = {"backbone": outputs}
         if self.adaptor not in outputs:
@@ -236,107 +285,21 @@ def _dtype(net: nn.Module) -> torch.dtype:
     return torch.float32 if weight is None else weight.dtype
 
 
-def _load(
-    model: str, loader: str, backend: str, adaptor: str, hub_repo: str, trust_remote_code: bool
-) -> tuple[nn.Module, int, int]:
-    """``(model, patch size, preferred resolution)`` from ``loader`` and ``backend``."""
-    if backend not in ("native", "remote_code"):
-        raise ValueError(f"unknown backend {backend!r}; use native or remote_code.")
-    if backend == "remote_code" and loader != "transformers":
-        raise ValueError(
-            f"RADIOTeacher: backend: remote_code applies to loader: transformers (loader "
-            f"{loader!r} {'always runs NVlabs code' if loader == 'torch_hub' else 'runs none'})"
-            "; leave backend unset."
-        )
-    if loader == "transformers" and backend == "native":
-        return _native(model, adaptor)
-    if loader == "export":
-        file = require_file(model, "RADIOTeacher export", "Write one with radio-lit export.")
-        from radio_lit.export.files import load  # the file format lives with the export
-
-        net = load(file)
-        if adaptor != "backbone" and adaptor not in net.teacher_names:
-            raise ValueError(
-                f"RADIOTeacher: {model!r} has no adaptor {adaptor!r}; its adaptors are "
-                f"{net.teacher_names} (or use 'backbone')."
-            )
-        preferred = net.config["radio_lit"].get("preferred_resolution") or [256, 256]
-        return net, net.patch_size, int(preferred[0])
-    if loader not in ("torch_hub", "transformers"):
-        raise ValueError(f"unknown loader {loader!r}; use export, torch_hub or transformers.")
-    if not trust_remote_code:
-        where = hub_repo if loader == "torch_hub" else model
-        raise ValueError(
-            f"RADIOTeacher: loading {model!r} with {loader} runs the Python code of {where!r}; "
-            "set trust_remote_code: true to allow it (or use a radio-lit export file, or "
-            "loader: transformers with backend: native for the backbone)."
-        )
-    adaptors = [] if adaptor == "backbone" else [adaptor]
-    if loader == "torch_hub":
-        local = os.path.isdir(os.path.expanduser(hub_repo))
-        with download_errors("RADIOTeacher", model, _HUB_HINT):
-            net = torch.hub.load(
-                os.path.expanduser(hub_repo) if local else hub_repo,
-                "radio_model",
-                source="local" if local else "github",
-                version=model,
-                adaptor_names=adaptors or None,
-                trust_repo=True,
-            )
-    else:
-        from transformers import AutoConfig, AutoModel
-
-        with download_errors("RADIOTeacher", model, _HUB_HINT):
-            # NVlabs/RADIO README: set adaptor_names on the config, then load with it
-            config = AutoConfig.from_pretrained(model, trust_remote_code=True)
-            config.adaptor_names = adaptors or None
-            net = AutoModel.from_pretrained(model, config=config, trust_remote_code=True)
-    inner = getattr(net, "radio_model", net)  # the HF wrapper holds the hub model
-    patch = int(getattr(inner, "patch_size", 16))
-    preferred = getattr(inner, "preferred_resolution", None)
-    side = int(preferred[0]) if preferred is not None else 432
-    return net, patch, side
-
-
-def _native(model: str, adaptor: str) -> tuple[nn.Module, int, int]:
-    """transformers' own ``RadioModel`` of an NVlabs-layout Hugging Face id or folder:
-    ``(model, patch size, preferred resolution)``; runs no repository code."""
-    if adaptor != "backbone":
+def _check_adaptor(model: str, loader: str, backend: str, adaptor: str) -> None:
+    """Refuse, before anything is loaded, an adaptor that transformers' native RadioModel
+    cannot have (it has the backbone only)."""
+    if loader == "transformers" and backend == "native" and adaptor != "backbone":
         raise ValueError(
             f"RADIOTeacher: transformers' native RadioModel has no adaptor heads, so no output "
             f"{adaptor!r}; set backend: remote_code with trust_remote_code: true to run "
             "NVlabs' code (which has them), or use adaptor: backbone."
         )
-    import transformers
 
-    if not hasattr(transformers, "RadioModel"):
-        raise ImportError(
-            f"RADIOTeacher: transformers {transformers.__version__} has no native RadioModel "
-            "(5.24 has it): upgrade transformers, or set backend: remote_code with "
-            "trust_remote_code: true."
-        )
-    from transformers import RadioModel
 
-    with download_errors("RADIOTeacher", model, _NATIVE_HINT):
-        net, info = RadioModel.from_pretrained(model, output_loading_info=True)
-    missing = sorted(info["missing_keys"]) + [str(k) for k in info.get("mismatched_keys", [])]
-    if missing:
+def _check_export_adaptor(net: nn.Module, model: str, adaptor: str) -> None:
+    """Refuse an adaptor a radio-lit export does not have, naming those it has."""
+    if adaptor != "backbone" and adaptor not in net.teacher_names:
         raise ValueError(
-            f"RADIOTeacher: {model!r} is not in NVlabs' C-RADIO layout that transformers' "
-            f"RadioModel reads (missing or mismatched weights {missing[:3]}); for a radio-lit "
-            "export use loader: export, for other NVlabs models backend: remote_code."
+            f"RADIOTeacher: {model!r} has no adaptor {adaptor!r}; its adaptors are "
+            f"{net.teacher_names} (or use 'backbone')."
         )
-    config = net.config
-    ours = getattr(config, "radio_lit", None) or {}  # radio-lit export --format timm
-    preferred = getattr(config, "preferred_resolution", None) or ours.get("preferred_resolution")
-    return net, int(config.patch_size), int(preferred[0]) if preferred else 432
-
-
-_NATIVE_HINT = (
-    "Offline: download the repository once (hf download <id>) and give its folder as model, "
-    "or use a radio-lit export file with loader: export."
-)
-_HUB_HINT = (
-    "Offline: clone NVlabs/RADIO and give its directory as hub_repo with a downloaded "
-    "checkpoint file as model, or use a radio-lit export file with loader: export."
-)

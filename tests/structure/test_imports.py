@@ -113,7 +113,7 @@ def test_the_graph_sees_imports():
     assert nx.has_path(graph, "radio_lit.cli.app", "radio_lit.module")
     assert graph.has_edge("radio_lit.training.teachers", "radio_lit.geometry.grid")
     # a function-level import counts: the check would catch one going up
-    assert graph.has_edge("radio_lit.teachers.radio", "radio_lit.export.files")
+    assert graph.has_edge("radio_lit.teachers.radio_source", "radio_lit.export.files")
 
 
 def test_the_package_root_holds_entry_points_only():
