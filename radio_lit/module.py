@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from radio_lit.core.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
-from radio_lit.export import module_inference_model
-from radio_lit.export.checkpoint import ignore_teacher_weights, student_weights
+from radio_lit.export import ImportedHeads, initialize, module_inference_model
+from radio_lit.export.checkpoint import ignore_teacher_weights
 from radio_lit.geometry.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.losses.angular import summary_dispersions
@@ -68,7 +68,7 @@ class DistillationModule(pl.LightningModule):
         optimizer: built on :mod:`radio_lit.training.optim`'s parameter groups (AdamW, LR 1e-3).
         warmup_steps: linear LR warm-up steps before cosine annealing over the run.
         min_lr_ratio: final LR as a fraction of the peak LR.
-        init_from: an earlier stage's checkpoint: student, head and EMA weights (PHI-S A.7).
+        init_from: an earlier stage's checkpoint or a published RADIO (export/init_from.py).
         grid_policy: the loss grid: ``teacher`` (RADIOv2.5 4.2), ``student``, ``larger`` (grid.py).
         grid_policy_overrides: per-teacher grid policies that replace ``grid_policy``.
         partitions: teacher partitions, each with its batch, resolutions, ranks (AM-RADIO 4).
@@ -96,7 +96,7 @@ class DistillationModule(pl.LightningModule):
         optimizer: OptimizerCallable = adamw,
         warmup_steps: int = 0,
         min_lr_ratio: float = 0.0,
-        init_from: str | None = None,
+        init_from: str | dict[str, Any] | None = None,
         grid_policy: GridPolicy = "teacher",
         grid_policy_overrides: dict[str, GridPolicy] | None = None,
         partitions: dict[str, Partition] | None = None,
@@ -144,13 +144,11 @@ class DistillationModule(pl.LightningModule):
         self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
         if mesa is not None:
             self.register_load_state_dict_pre_hook(fill_missing_ema)
-        if init_from is not None:  # the EMA too (radio_lit.export.checkpoint.student_weights)
+        self.imported_heads = ImportedHeads()  # published heads, in their teachers' spaces
+        if init_from is not None:  # the EMA too (radio_lit.export.init_from)
             self.load_student_weights(init_from)
 
-    def load_student_weights(self, checkpoint: str) -> None:
-        """An earlier stage's student and head weights (new teachers' heads start fresh)."""
-        weights, _ = student_weights(checkpoint, self.state_dict(), self.heads)
-        self.load_state_dict(weights, strict=False)
+    load_student_weights = initialize  # an earlier stage's or a published model's weights
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Every rank: teachers' accumulators that rank 0 does not hold reach it, with every
@@ -211,7 +209,9 @@ class DistillationModule(pl.LightningModule):
     def normalized_targets(self, outputs: Sequence[Outputs]) -> list[dict[str, Tensor]]:
         """Targets ``[{name: [B, H, W, C]}]`` per chunk, after estimation steps' statistics."""
         when = self.estimate_statistics, self.refit_statistics, self.partitions.sources
-        return normalization.normalized_targets(self.normalizers, self.dispersions, outputs, *when)
+        out = normalization.normalized_targets(self.normalizers, self.dispersions, outputs, *when)
+        self.imported_heads.follow(self.normalizers, self.heads, self.ema)  # composed once fitted
+        return out
 
     def match(
         self,
@@ -249,11 +249,11 @@ class DistillationModule(pl.LightningModule):
         outputs = [self.chunk_teachers(batch, c) for c in chunks]  # teachers, on the loss grid
         students = self.student_step.forward(self.student, chunks, self.training)  # student
         averages = self.student_step.average(self.ema, chunks) if train else None  # EMA (MESA)
-        matches = [  # matching: each head's prediction by its teacher's target
-            matching.match_teachers(s, heads, out, tokens, student_shift(c))
-            for c, s, out in zip(chunks, students, outputs, strict=True)
+        targets = self.normalized_targets(outputs)  # normalizers: imported heads follow a refit
+        matches = [  # matching: each head's prediction by its teacher's normalized target
+            matching.match_teachers(s, heads, out, tokens, student_shift(c), t)
+            for c, s, out, t in zip(chunks, students, outputs, targets, strict=True)
         ]
-        matches = normalization.normalize_matches(matches, self.normalized_targets(outputs))
         terms = [self.distillation_losses(m, self.balancer.per_sample) for m in matches]  # losses
         loss = losses.balanced_loss(self.balancer, chunks, terms, observe=train)  # balancer
         ema = self.student_step.mesa, averages, self.ema  # the EMA student's MESA term

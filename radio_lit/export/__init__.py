@@ -14,6 +14,10 @@
   :func:`save_timm` / :func:`export_timm` (the backbone for timm's and transformers' C-RADIO
   classes); :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.cli.export`).
+- The way back, ``model.init_from`` (:func:`initialize`): a radio-lit ``.ckpt`` or a published
+  RADIO in any layout (:mod:`radio_lit.export.published`) into the student, through the one key
+  map of both directions (:mod:`radio_lit.export.layout`); imported heads composed with the
+  run's normalizers once fitted (:class:`ImportedHeads`).
 """
 
 from radio_lit.export.card import model_card
@@ -33,6 +37,8 @@ from radio_lit.export.files import (
     save_safetensors,
 )
 from radio_lit.export.fold import fold_affine, fold_normalizer
+from radio_lit.export.head_spaces import ImportedHeads
+from radio_lit.export.init_from import initialize
 from radio_lit.export.logged import run_metrics
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
@@ -40,6 +46,7 @@ from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm, save_timm
 
 __all__ = [
+    "ImportedHeads",
     "RadioLitModel",
     "checkpoint_inference_model",
     "export_timm",
@@ -47,6 +54,7 @@ __all__ = [
     "fold_affine",
     "fold_normalizer",
     "inference_model",
+    "initialize",
     "load",
     "model_card",
     "module_inference_model",

@@ -22,6 +22,7 @@ import yaml
 from torch import Tensor
 
 from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
+from radio_lit.export.head_spaces import ImportedHeads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import Student, TeacherHeads
@@ -244,12 +245,9 @@ def checkpoint_inference_model(
                 f"{checkpoint} has no heads for teacher {name!r} of {config}; pass the config "
                 "the checkpoint was trained with"
             )
-        hidden = head_state["features.inp.weight"].shape[0]
-        width = head_state["features.out.weight"].shape[0]
-        summary = head_state.get("summary.out.weight")
-        summary_dim = summary.shape[0] if summary is not None else None
-        heads[name] = TeacherHeads(student.embed_dim, hidden, width, summary_dim)
+        heads[name] = TeacherHeads.from_state(head_state)  # each head's own depth
         heads[name].load_state_dict(head_state, strict=True)
+        width, summary_dim = heads[name].features.out.out_features, heads[name].summary
         normalizer = overrides.get(name, options.normalizer)(width)
         normalizer.load_state_dict(_strip(state, f"normalizers.{name}."), strict=True)
         normalizers[name] = normalizer
@@ -261,6 +259,9 @@ def checkpoint_inference_model(
         spec = spec if isinstance(spec, dict) else {"class_path": spec}
         class_path, init_args = str(spec.get("class_path", "")), spec.get("init_args") or {}
         teachers.append(teacher_entry(name, class_path, init_args, has_summary[name], slots[name]))
+    imported = ImportedHeads()  # a published model's heads (model.init_from), as trained
+    imported.load_state_dict(_strip(state, "imported_heads."), strict=True)
+    heads, normalizers, teachers = imported.exported(heads, normalizers, teachers)
     resolution = options.student_resolution
     if isinstance(resolution, int):
         resolution = (resolution, resolution)

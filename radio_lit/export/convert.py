@@ -15,10 +15,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from radio_lit.export.fold import fold_normalizer
+from radio_lit.export.head_spaces import ImportedHeads
+from radio_lit.export.layout import GENERATOR, trunk_to_radio
 from radio_lit.export.model import (
     ERadioBackbone,
     InputConditioner,
@@ -274,15 +275,10 @@ def _vit_backbone(
         student.num_cls_tokens + student.num_registers,
         align_corners=student.cpe_align_corners,
     ).to(student.pos_embed.device)
-    proj = student.patch_embed.proj
-    with torch.no_grad():
-        generator.embedder.weight.copy_(proj.weight.reshape(dim, -1))
-        pos = student.pos_embed.detach()[None]
-        generator.pos_embed.copy_(pos + proj.bias if proj.bias is not None else pos)
-        prefix = [student.cls_token.detach()[0]]
-        if student.registers is not None:
-            prefix.append(student.registers.detach()[0])
-        generator.cls_token.token.copy_(torch.cat(prefix))
+    radio = trunk_to_radio(student.state_dict())  # the one key map (export.layout)
+    generator.load_state_dict(
+        {k[len(GENERATOR) :]: v.detach() for k, v in radio.items() if k.startswith(GENERATOR)}
+    )
     backbone = RadioBackbone(
         generator,
         student.blocks,
@@ -314,10 +310,12 @@ def module_inference_model(module: Any) -> RadioLitModel:
         )
         for name in has_summary
     ]
+    imported = getattr(module, "imported_heads", ImportedHeads())
+    heads, spaces, teachers = imported.exported(module.heads, module.normalizers, teachers)
     return inference_model(
         module.student,
-        module.heads,
-        module.normalizers,
+        heads,
+        spaces,
         teachers,
         module.student_mean,
         module.student_std,

@@ -3,8 +3,9 @@
 Its modules carry the RADIO checkpoint's names, so its state dict *is* the file's
 ``state_dict`` (``base_model.*``, ``input_conditioner.*``, ``_heads.<teacher>.*``,
 ``_feature_projections.<teacher>.*``), up to the adaptor MLPs' layer names
-(:data:`MLP_V2_NAMES`). Shapes (``D`` width, ``p`` patch, ``G`` CPE grid side, ``T`` summary
-tokens, ``R`` registers):
+(:data:`~radio_lit.export.layout.MLP_V2_NAMES`; the key map of both directions is
+:mod:`radio_lit.export.layout`). Shapes (``D`` width, ``p`` patch, ``G`` CPE grid side,
+``T`` summary tokens, ``R`` registers):
 
 - ``input_conditioner.norm_mean``, ``norm_std`` ``[3, 1, 1]``: pixel normalization of
   ``[0, 1]`` images;
@@ -36,13 +37,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from radio_lit.core.outputs import TeacherOutput
+from radio_lit.export.layout import (
+    ADAPTOR_PREFIXES,
+    from_radio_keys,
+    to_radio_keys,
+)
 from radio_lit.students import ERadio, MLPHead
 from radio_lit.students.cpe_vit import cpe_eval_window
+from radio_lit.students.heads import mlp_shape
 from radio_lit.students.vitdet import run_windowed
-
-#: radio-lit's MLPHead layer names -> RADIO's adaptor MLP "v2" names (``adaptor_mlp.MLP2``).
-MLP_V2_NAMES = {"inp.": "fc1.", "norm.": "final.0.", "out.": "final.2."}
-_ADAPTOR_PREFIXES = ("_heads.", "_feature_projections.")
 
 
 class InputConditioner(nn.Module):
@@ -317,43 +320,22 @@ def _vit_trunk(config: dict[str, Any]) -> RadioBackbone:
 
 
 def adaptor_shapes(config: dict[str, Any], state: dict[str, Tensor]) -> dict[str, list[int]]:
-    """``{"_heads.<teacher>" | "_feature_projections.<teacher>": [in, hidden, out]}``: the
-    widths of every teacher's adaptor MLPs "v2" stored in ``state`` (RADIO key names)."""
+    """``{"_heads.<teacher>" | "_feature_projections.<teacher>": MLPHead.shape}``: the
+    widths and depth of every teacher's adaptor MLPs "v2" stored in ``state`` (RADIO key
+    names)."""
+    renamed = from_radio_keys(state)
     shapes = {}
     for teacher in config["teachers"]:
-        for group in _ADAPTOR_PREFIXES:
+        for group in ADAPTOR_PREFIXES:
             prefix = f"{group}{teacher['name']}."
             try:
-                hidden, in_dim = state[prefix + "fc1.weight"].shape
-                out_dim = state[prefix + "final.2.weight"].shape[0]
+                shapes[prefix[:-1]] = mlp_shape(renamed, prefix)
             except KeyError as missing:
                 raise ValueError(
                     f"the state dict has no adaptor MLP 'v2' under {prefix!r} (missing "
                     f"{missing}); is this a radio-lit export?"
                 ) from None
-            shapes[prefix[:-1]] = [int(in_dim), int(hidden), int(out_dim)]
     return shapes
-
-
-def to_radio_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Rename the adaptor MLPs' layers from radio-lit's names to RADIO's ``mlp_version`` v2."""
-    return {_rename(k, MLP_V2_NAMES): v for k, v in state.items()}
-
-
-def from_radio_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`to_radio_keys`."""
-    inverse = {v: k for k, v in MLP_V2_NAMES.items()}
-    return {_rename(k, inverse): v for k, v in state.items()}
-
-
-def _rename(key: str, names: dict[str, str]) -> str:
-    if not key.startswith(_ADAPTOR_PREFIXES):
-        return key
-    group, teacher, rest = key.split(".", 2)
-    for old, new in names.items():
-        if rest.startswith(old):
-            return f"{group}.{teacher}.{new}{rest[len(old) :]}"
-    return key
 
 
 def zero_summary_head(in_dim: int) -> MLPHead:

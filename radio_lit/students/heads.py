@@ -26,18 +26,52 @@ class MLPHead(nn.Module):
     with no pre-norm and ``num_inner = 0``, so a RADIO-format export loads it as one
     (:mod:`radio_lit.export.model`); deeper v2 heads and the ``attn`` head are not built: which
     teacher used which head, their hidden widths and ``num_inner`` are not published (they
-    are read from the released state dicts, notes 6.13).
+    are read from the released state dicts, notes 6.13). A published head imported by
+    ``model.init_from`` (:mod:`radio_lit.export.published`) keeps its own depth: ``num_inner``
+    residual blocks ``inner.<i>`` (``LayerNorm -> GELU -> Linear``, NVlabs' ``blocks.<i>``) and
+    ``pre_norm`` (``pre``: ``LayerNorm -> GELU`` on the input, NVlabs' ``pre_norm``).
     """
 
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        out_dim: int,
+        num_inner: int = 0,
+        pre_norm: bool = False,
+    ) -> None:
         super().__init__()
+        self.pre = nn.Sequential(nn.LayerNorm(in_dim), nn.GELU()) if pre_norm else None
         self.inp = nn.Linear(in_dim, hidden_dim)
+        self.inner = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim))
+            for _ in range(num_inner)
+        )
         self.norm = nn.LayerNorm(hidden_dim)
         self.act = nn.GELU()
         self.out = nn.Linear(hidden_dim, out_dim)
 
+    @property
+    def shape(self) -> list[int]:
+        """``[in, hidden, out, num_inner, pre_norm]``: the arguments that rebuild this head."""
+        pre = int(self.pre is not None)
+        return [self.inp.in_features, self.inp.out_features, self.out.out_features,
+                len(self.inner), pre]  # fmt: skip
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.act(self.norm(self.inp(x))))
+        x = self.inp(x if self.pre is None else self.pre(x))
+        for block in self.inner:
+            x = x + block(x)
+        return self.out(self.act(self.norm(x)))
+
+
+def mlp_shape(state: Mapping[str, Tensor], prefix: str = "") -> list[int]:
+    """The :attr:`MLPHead.shape` of the head whose weights ``state`` holds under ``prefix``
+    (radio-lit's layer names: ``inp``, ``inner.<i>``, ``pre``, ``norm``, ``out``)."""
+    hidden, in_dim = state[prefix + "inp.weight"].shape
+    inner = {k[len(prefix) :].split(".")[1] for k in state if k.startswith(prefix + "inner.")}
+    pre = int(prefix + "pre.0.weight" in state)
+    return [int(in_dim), int(hidden), int(state[prefix + "out.weight"].shape[0]), len(inner), pre]
 
 
 class TeacherHeads(nn.Module):
@@ -51,6 +85,17 @@ class TeacherHeads(nn.Module):
         self.summary = (
             MLPHead(student_dim, hidden_dim, summary_dim) if summary_dim is not None else None
         )
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Tensor]) -> TeacherHeads:
+        """The heads whose weights ``state`` holds (``features.*``, ``summary.*``), with each
+        head's own depth (:func:`mlp_shape`); the weights are not loaded."""
+        features = mlp_shape(state, "features.")
+        heads = cls(features[0], features[1], features[2], None)
+        heads.features = MLPHead(*features)
+        if "summary.inp.weight" in state:
+            heads.summary = MLPHead(*mlp_shape(state, "summary."))
+        return heads
 
 
 def summary_token_slots(has_summary: Mapping[str, bool], student: Student) -> dict[str, int]:

@@ -1,10 +1,11 @@
-"""The step's normalizers (DESIGN.md, "One training step" 5; PHI-S 2.2): statistics first, then
-every match's target mapped into its teacher's normalized space, ``y' = normalizer_k(y)``.
+"""The step's normalizers (docs/internals.md, "One training step" 4; PHI-S 2.2): statistics
+first, then every teacher's target mapped into its normalized space, ``y' = normalizer_k(y)``,
+before the matching: a head imported in its teacher's space (``model.init_from``) is composed
+with a refit normalizer before it predicts (:mod:`radio_lit.export.head_spaces`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from torch import Tensor
@@ -12,9 +13,9 @@ from torch import Tensor
 from radio_lit.normalizers import Normalizer
 from radio_lit.normalizers import statistics as teacher_stats
 from radio_lit.teachers import TeacherOutput
-from radio_lit.training.matching import TeacherMatch, as_float32
+from radio_lit.training.matching import as_float32
 
-__all__ = ["normalize_matches", "normalized_targets"]
+__all__ = ["normalized_targets"]
 
 
 def normalized_targets(
@@ -34,12 +35,3 @@ def normalized_targets(
         teacher_stats.accumulate_outputs(normalizers, dispersions, outputs, refit, sources)
     return [{n: normalizers[n](as_float32(o.features)) for n, o in c.items()} for c in outputs]
 
-
-def normalize_matches(
-    matches: Sequence[Mapping[str, TeacherMatch]], targets: Sequence[Mapping[str, Tensor]]
-) -> list[dict[str, TeacherMatch]]:
-    """Each chunk's matches with their normalized ``targets`` in place of the raw features."""
-    return [
-        {n: dataclasses.replace(m, target=t[n]) for n, m in chunk.items()}
-        for chunk, t in zip(matches, targets, strict=True)
-    ]

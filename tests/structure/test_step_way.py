@@ -1,7 +1,7 @@
 """A training step's way through the files is straight (DESIGN.md, "One training step").
 
 ``DistillationModule._shared_step`` orchestrates: it calls each stage of the step (views,
-teachers, student, matching, normalizers, losses, balancer, metrics, logging), directly or
+teachers, student, normalizers, matching, losses, balancer, metrics, logging), directly or
 through one of its thin public delegates (``chunk_teachers``, ``normalized_targets``,
 ``distillation_losses``), and each stage lives in the file named for it. Traced on a real
 C-RADIOv4-style step (partitions, shifted views, DAMP, the EMA student and MESA): the radio_lit
@@ -90,8 +90,8 @@ def test_the_way_of_a_step_through_the_files_is_straight():
             "training/views.py",
             "training/teachers.py",
             "training/student_step.py",
+            "training/normalization.py",  # targets before the heads (export/head_spaces.py)
             "training/matching.py",
-            "training/normalization.py",
             "training/losses.py",
         )
     ]
