@@ -186,8 +186,15 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
         return [override(f"{args}.model_kwargs", {"depth": 1, "embed_dim": 32, "num_heads": 2})]
     if kind == "SAMTeacher":
         return [f"{args}.model_type=null", override(f"{args}.encoder_kwargs", TINY_SAM_ENCODER)]
-    if kind == "RADIOTeacher":  # one stand-in for all of a config's: radio_stand_in_overrides
-        return []
+    if kind == "RADIOTeacher":  # one tiny export with every adaptor name the configs use
+        from tests.export.tiny_export import tiny_radio_export
+
+        return [
+            f"{args}.model={tiny_radio_export()}",
+            f"{args}.loader=export",
+            f"{args}.backend=native",
+            f"{args}.trust_remote_code=false",
+        ]
     if kind == "SAM3Teacher":
         return [
             f"{args}.model=sam3_vision_model",
@@ -201,11 +208,12 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
 
 
 def radio_stand_in_overrides(raw: dict[str, Any]) -> list[str]:
-    """Overrides that load every ``RADIOTeacher`` of a config (a published RADIO's outputs,
-    ``configs/recipes/{adapt,extend}``) from one tiny export with the adaptor heads they name
+    """For a config whose student starts as the model its ``RADIOTeacher`` entries serve
+    (``model.init_from`` is their file: ``configs/recipes/{adapt,extend}``), overrides that
+    load both from one tiny export with the adaptor heads the entries name
     (:func:`tests.published_stand_in.radio_stand_in`, the quickstart student's architecture),
-    read by ``loader: export``; a config whose ``model.init_from`` is its RADIO teachers' file
-    (a CPU twin, starting as the model it learns from) starts from the stand-in too."""
+    read by ``loader: export``; ``[]`` for other configs (their RADIO teachers are
+    :func:`tiny_teacher_overrides`')."""
     from tests.published_stand_in import radio_stand_in
 
     entries = {
@@ -213,9 +221,10 @@ def radio_stand_in_overrides(raw: dict[str, Any]) -> list[str]:
         for key, entry in config_teachers(raw).values()
         if str(entry.get("class_path", "")).endswith("RADIOTeacher")
     }
-    if not entries:
-        return []
     inits = {key: entry.get("init_args") or {} for key, entry in entries.items()}
+    init_from = (raw.get("model") or {}).get("init_from")
+    if not inits or init_from not in {i.get("model") for i in inits.values()}:
+        return []
     adaptors = sorted({i.get("adaptor", "backbone") for i in inits.values()} - {"backbone"})
     path = radio_stand_in(tuple(adaptors))
     out = []
@@ -223,10 +232,7 @@ def radio_stand_in_overrides(raw: dict[str, Any]) -> list[str]:
         args = f"{key}.init_args"
         out += [f"{args}.model={path}", f"{args}.loader=export", f"{args}.backend=native"]
         out.append(f"{args}.trust_remote_code=false")
-    init_from = (raw.get("model") or {}).get("init_from")
-    if init_from is not None and init_from in {i.get("model") for i in inits.values()}:
-        out.append(f"--model.init_from={path}")
-    return out
+    return [*out, f"--model.init_from={path}"]
 
 
 def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
@@ -390,21 +396,21 @@ def build(
     one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
     partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
     partitions and resolutions as configured: with ``student_device="meta"`` the real
-    architecture of a GPU recipe's student at no cost); at every size a published RADIO's
-    outputs (``RADIOTeacher``) come from one tiny stand-in (:func:`radio_stand_in_overrides`).
+    architecture of a GPU recipe's student at no cost); at every size a student that starts
+    as its RADIO teachers' model starts from their stand-in (:func:`radio_stand_in_overrides`).
     The models are created on ``device``
     unless ``build_on_host`` (:func:`benchmarks.harness.on_device`). ``extra``: more
     command-line overrides (they come last and win; one training step unless they say
     otherwise)."""
     raw = merged(config.files)
     overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
-    # a published RADIO's weights are not on an offline machine: its tiny stand-in at any size
-    overrides += radio_stand_in_overrides(raw)
     for key, entry in config_teachers(raw).values():
         if size in ("cpu", "build"):
             overrides += tiny_teacher_overrides(key, entry)
         elif teacher_depth is not None:
             overrides += short_teacher_overrides(key, entry, teacher_depth)
+    # a student that starts as its RADIO teachers' model: both from one stand-in, at any size
+    overrides += radio_stand_in_overrides(raw)
     if size == "cpu":
         overrides += cpu_student_overrides(raw)
     overrides += one_device_overrides(raw, size, keep_strategy)

@@ -29,6 +29,7 @@ benchmark ``benchmarks/radio_sharing.py`` compares the two).
 
 from __future__ import annotations
 
+import copy
 import os
 import weakref
 from collections.abc import Hashable, Sequence
@@ -108,6 +109,20 @@ class RADIOSource:
         self.teachers.add(teacher)
         if self.lead is None:
             self._lead = weakref.ref(teacher)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RADIOSource:
+        """A copy for copied teachers (``copy.deepcopy`` of a module, e.g. a benchmark's
+        template): the copied model, the copies of its teachers (``memo`` holds them), its
+        runner copied as a teacher's own is, nothing kept; not shared with later entries."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new.net = copy.deepcopy(self.net, memo)
+        new.runner = copy.deepcopy(self.runner, memo)
+        new.teachers = weakref.WeakSet(copy.deepcopy(t, memo) for t in self.teachers)
+        lead = self.lead
+        new._lead = None if lead is None else weakref.ref(copy.deepcopy(lead, memo))
+        new._kept = None
+        return new
 
     @property
     def lead(self) -> nn.Module | None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -61,3 +65,30 @@ def own_outputs(module: pl.LightningModule, images: torch.Tensor) -> dict[str, t
             summary = heads.summary(student.summary[:, slot]) if slot is not None else None
             outputs[name] = (summary, features)
     return outputs
+
+
+#: The outputs of :func:`tiny_radio_export`: the quickstart's teacher names and C-RADIOv4's
+#: adaptor names (NVlabs/RADIO README, "Supported Adaptors"); SAM's and SAM3's without a summary.
+STAND_IN_OUTPUTS = ("clip", "dino", "sam", "siglip2-g", "dino_v3", "sam3")
+
+
+@functools.cache
+def tiny_radio_export() -> Path:
+    """A tiny radio-lit student exported in NVlabs' layout (``radio-lit export --format
+    radio``) with one adaptor head per name of :data:`STAND_IN_OUTPUTS` (tiny DINOv2 teachers;
+    tiny SAM teachers, no summary, for ``sam`` and ``sam3``): the stand-in of a published RADIO
+    model for ``RADIOTeacher`` entries in the shipped-config tests. Written once per process
+    into a folder removed at exit; random weights, identity normalizers."""
+    from radio_lit.export import module_inference_model, save_radio
+    from tests.builders import tiny_module, tiny_student
+    from tests.teachers.tiny import tiny_dinov2_teacher, tiny_sam_teacher
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        sam, dino = tiny_sam_teacher, tiny_dinov2_teacher
+        teachers = {n: sam(64) if n.startswith("sam") else dino() for n in STAND_IN_OUTPUTS}
+        student = tiny_student(num_cls_tokens=6, num_registers=2, cpe_align_corners=False)
+        module = tiny_module(student=student, teachers=teachers)
+    folder = Path(tempfile.mkdtemp(prefix="radio-stand-in-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return save_radio(module_inference_model(module.eval()), folder / "c-radio-stand-in.pth")

@@ -7,6 +7,7 @@ normalizers, losses), and the model is held once and run once per view for all o
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from lightning.pytorch import Callback
 from radio_lit.callbacks import RandomStates, TeacherStatsEstimation
 from radio_lit.normalizers import PhiS
 from radio_lit.teachers import RADIOTeacher
+from radio_lit.training.partitions import Partition
 from radio_lit.training.teachers import run_teachers
 from tests.builders import cpu_trainer, image_batches, tiny_module
 from tests.export.conftest import exported, trained  # noqa: F401  (fixtures)
@@ -60,6 +62,14 @@ def test_entries_of_one_model_hold_one_copy(exported: Path) -> None:  # noqa: F8
     one_copy = sum(p.numel() for p in first.parameters())
     assert _parameters(shared) == one_copy
     assert _parameters(separate) == len(OUTPUTS) * one_copy
+    copied = copy.deepcopy(torch.nn.ModuleDict(shared))  # a module's copy: one copy of its own
+    assert all(t.model is copied["radio_sam"].model for t in copied.values())
+    assert copied["radio_sam"].model is not first
+    calls, crop = _count_calls(copied["radio_sam"].model), torch.rand(2, 3, 64, 64)
+    got = run_teachers(copied, crop, list(copied), (4, 4))
+    assert calls[0] == 1
+    for name, output in run_teachers(shared, crop, list(shared), (4, 4)).items():
+        assert torch.equal(got[name].features, output.features)
 
 
 def test_one_forward_per_view_and_the_separate_entries_outputs(exported: Path) -> None:  # noqa: F811
@@ -170,3 +180,24 @@ class StateAtStart(Callback):
 def test_an_unknown_adaptor_is_refused_either_way(exported: Path, share: bool) -> None:  # noqa: F811
     with pytest.raises(ValueError, match=r"no adaptor 'siglip'.*\['clip', 'dino', 'sam'\]"):
         RADIOTeacher(str(exported / "student.pth"), adaptor="siglip", share=share)
+
+
+def test_partitions_of_one_models_outputs_run_it_once_per_partition(
+    exported: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Outputs of one model in two partitions (AM-RADIO 4): each partition's rows are their
+    own view, so the model runs once per partition, and a step trains every output's head."""
+    teachers = _entries(exported / "student.pth", share=True, resolution=64)
+    partitions = {
+        "summary": Partition(teachers=["radio_backbone", "radio_clip"], batch_size=2),
+        "dense": Partition(teachers=["radio_dino", "radio_sam"], batch_size=2),
+    }
+    module = tiny_module(teachers=teachers, partitions=partitions)
+    calls = _count_calls(teachers["radio_clip"].model)
+    heads = {n: [p.clone() for p in h.parameters()] for n, h in module.heads.items()}
+    cpu_trainer(tmp_path, max_steps=1).fit(module, image_batches(num_images=4, batch_size=4))
+    assert calls[0] == 2  # one forward per partition, four outputs
+    for name, before in heads.items():
+        after = list(module.heads[name].parameters())
+        assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True)), name
