@@ -31,7 +31,7 @@ features averaged over the seeds and then together (each counts alike) [choice],
 (b)'s mean fidelity over (a)'s.
 
     python benchmarks/adapt_drift.py                    # ~10 min on 2 quiet CPU cores
-    python benchmarks/adapt_drift.py --start lightning_logs/published/stand-in/export/last.pth
+    python benchmarks/adapt_drift.py --start published/quickstart.pth   # the twins' file
 """
 
 from __future__ import annotations
@@ -108,15 +108,16 @@ def make_start(folder: Path, steps: int) -> Path:
         f"--trainer.max_steps={steps}",
         f"--trainer.default_root_dir={folder}",
         f"--trainer.logger.init_args.save_dir={folder}",
-        "--trainer.logger.init_args.name=published",
-        "--trainer.logger.init_args.version=stand-in",
+        "--trainer.logger.init_args.version=published",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         harness.override("--trainer.callbacks", callbacks),
     )
-    run = folder / "published" / "stand-in"
-    run_cli("export", str(run / "checkpoints" / "last.ckpt"), "--format", "radio")
-    return run / "export" / "last.pth"
+    name = raw["trainer"]["logger"]["init_args"]["name"]
+    checkpoint = folder / name / "published" / "checkpoints" / "last.ckpt"
+    output = folder / "published" / "quickstart"
+    run_cli("export", str(checkpoint), "--format", "radio", "--output", str(output))
+    return output.with_suffix(".pth")
 
 
 # ------------------------------------------------------------------------------------------

@@ -87,18 +87,19 @@ def _header_commands(name: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", [n for n in ADAPT + EXTEND if n.endswith("quickstart.yaml")])
 def test_a_twin_starts_from_the_file_its_first_commands_make(name):
-    """The header's fit names the run folder, its export writes ``<run>/export/last.pth``
-    (radio-lit export's default output, NVlabs' layout), and the twin starts from that file;
-    the last command trains the twin itself."""
+    """The header's fit names the run's version, its export writes the file the twin starts
+    from (``--output`` without suffix: ``<output>.pth``, NVlabs' layout); the same two commands
+    as the shrink twin's, so one file serves the three; the next command trains the twin."""
     fit, export, *rest = _header_commands(name)
     assert fit[:3] == ["fit", "--config", "configs/quickstart.yaml"]
-    option = dict(a.removeprefix("--").split("=", 1) for a in fit[3:])
+    assert fit[3:] == ["--trainer.logger.init_args.version", "published"]
     logger = raw("quickstart.yaml")["trainer"]["logger"]["init_args"]
-    run = Path(logger["save_dir"], option["trainer.logger.init_args.name"])
-    run = run / option["trainer.logger.init_args.version"]
-    assert export == ["export", str(run / "checkpoints" / "last.ckpt"), "--format", "radio"]
-    assert raw(name)["model"]["init_from"] == str(run / "export" / "last.pth")
+    run = Path(logger["save_dir"], logger["name"], "published")
+    assert export[:4] == ["export", str(run / "checkpoints" / "last.ckpt"), "--format", "radio"]
+    assert export[4] == "--output"
+    assert raw(name)["model"]["init_from"] == f"{export[5]}.pth"
     assert rest[0] == ["fit", "--config", f"configs/{name}"]
+    assert _header_commands("recipes/shrink/quickstart.yaml")[:2] == [fit, export]
 
 
 @pytest.mark.slow
@@ -131,4 +132,4 @@ def test_the_adapt_twin_starts_as_the_model_it_continues(caplog):
         assert_reproduces(got, want)
     logged = " ".join(r.getMessage() for r in caplog.records if "model.init_from" in r.getMessage())
     assert "heads imported {'clip': 'clip', 'dino': 'dino', 'sam': 'sam'}" in logged
-    assert "start fresh: ['radio']" in logged
+    assert "start fresh: ['quickstart']" in logged
