@@ -17,7 +17,8 @@
 - The way back, ``model.init_from`` (:func:`initialize`): a radio-lit ``.ckpt`` or a published
   RADIO in any layout (:mod:`radio_lit.export.published`) into the student, through the one key
   map of both directions (:mod:`radio_lit.export.layout`); imported heads composed with the
-  run's normalizers once fitted (:class:`ImportedHeads`).
+  run's normalizers once fitted (:class:`ImportedHeads`); :class:`PublishedStudent`, a
+  student of the source's architecture read from the source.
 """
 
 from radio_lit.export.card import model_card
@@ -42,11 +43,13 @@ from radio_lit.export.init_from import initialize
 from radio_lit.export.logged import run_metrics
 from radio_lit.export.model import RadioLitModel
 from radio_lit.export.onnx import save_onnx
+from radio_lit.export.published_student import PublishedStudent
 from radio_lit.export.source import exported_model
 from radio_lit.export.timm_radio import export_timm, save_timm
 
 __all__ = [
     "ImportedHeads",
+    "PublishedStudent",
     "RadioLitModel",
     "checkpoint_inference_model",
     "export_timm",

@@ -194,10 +194,12 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
         )
     student = model["student"] = dict(model["student"])
     # The weights come from the checkpoint: never download or read the initial ones.
-    init_args = {**student.get("init_args", {}), "checkpoint": None}
+    init_args = dict(student.get("init_args", {}))
     module, _, name = str(student.get("class_path", "")).rpartition(".")
-    if "pretrained" in inspect.signature(getattr(importlib.import_module(module), name)).parameters:
-        init_args["pretrained"] = False  # CPEViT's timm weights; E-RADIO has no such option
+    options = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    for option, value in (("checkpoint", None), ("pretrained", False)):
+        if option in options:  # CPEViT's timm weights; E-RADIO, PublishedStudent have neither
+            init_args[option] = value
     student["init_args"] = init_args
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ExportOptions, "model", instantiate=False)

@@ -25,12 +25,12 @@ Usage::
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from radio_lit.export.checkpoint import is_sharded_checkpoint, student_weights
@@ -48,8 +48,6 @@ from radio_lit.students import CPEViT, MLPHead
 from radio_lit.students.ema import EMAStudent
 from radio_lit.students.heads import mlp_shape
 
-log = logging.getLogger(__name__)
-
 Source = str | Mapping[str, Any]
 
 
@@ -60,12 +58,12 @@ def initialize(module: Any, source: Source) -> None:
     if path.suffix == ".ckpt" or is_sharded_checkpoint(path):
         weights, _ = student_weights(path, module.state_dict(), module.heads)
         module.load_state_dict(weights, strict=False)
-        log.info("model.init_from: %s (radio-lit checkpoint)", path)
+        rank_zero_info(f"model.init_from: {path} (radio-lit checkpoint)")
         return
     if not path.exists():
         raise FileNotFoundError(f"model.init_from: {path} does not exist; {KNOWN}")
     published = read_published(path)
-    log.info("model.init_from: %s (%s)", path, published.format)
+    rank_zero_info(f"model.init_from: {path} ({published.format})")
     load_published(module, published, names)
 
 
@@ -95,7 +93,7 @@ def load_published(module: Any, published: Published, names: Mapping[str, str]) 
     imported, fresh = load_heads(module, published, names)
     if getattr(module, "ema", None) is not None:  # the EMA starts at the imported weights
         module.ema = EMAStudent(module.student, module.heads, module.ema.decay)
-    log.info("model.init_from: heads imported %s; heads that start fresh: %s", imported, fresh)
+    rank_zero_info(f"model.init_from: heads imported {imported}; heads that start fresh: {fresh}")
 
 
 def source_trunk(published: Published, num_cls: int) -> dict[str, Any]:
@@ -135,6 +133,21 @@ def student_trunk(student: CPEViT) -> dict[str, Any]:
 def check_architecture(published: Published, student: CPEViT, num_cls: int) -> None:
     """Refuse a student of another architecture than the source's, naming both."""
     source, own = source_trunk(published, num_cls), student_trunk(student)
+    extras = (published.args or {}).get("radio_lit") or {}
+    window = extras.get("vitdet_window_size")  # the ViTDet layout a radio-lit export records
+    if window is not None and (window, extras.get("vitdet_windowed")) != (
+        student.vitdet_eval_window_size,
+        list(student.windowed),
+    ):
+        raise ValueError(
+            f"model.init_from: {published.path} attends within ViTDet windows of {window} "
+            f"patches in blocks {extras.get('vitdet_windowed')}, the config's student in "
+            f"{student.vitdet_eval_window_size} ({list(student.windowed)}): set "
+            f"model.student.init_args.vitdet_eval_window_size: {window} (and its "
+            "vitdet_num_windowed)"
+        )
+    if extends_tokens(published, student, num_cls):
+        own["summary tokens"] = source["summary tokens"]
     differ = {k: (v, own[k]) for k, v in source.items() if own[k] != v}
     if not differ:
         return
@@ -158,6 +171,17 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
     )
 
 
+def extends_tokens(published: Published, student: CPEViT, num_cls: int) -> bool:
+    """Whether ``student`` has the source's summary tokens and more, for teachers the source
+    lacks: its ``summary_tokens`` name the source's teachers first, in their token order
+    (NVlabs' token per teacher), then the new ones. ``[choice]``: a new token starts as a
+    copy of the first summary token (the source's own summary)."""
+    names = [t["name"] for t in published.teachers]
+    declared = student.summary_tokens or []
+    per_teacher = num_cls == len(names) > 1
+    return per_teacher and len(declared) > num_cls and declared[:num_cls] == names
+
+
 def _describe(trunk: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in trunk.items())
 
@@ -167,6 +191,9 @@ def load_trunk(student: CPEViT, published: Published, num_cls: int) -> None:
     the projection before it where the student has none: ``γ (W x + b) = (γ W) x + γ b``)."""
     patch_bias = student.patch_embed.proj.bias is not None
     weights = trunk_from_radio(published.state, num_cls, patch_bias)
+    tokens, extra = weights["cls_token"], student.num_cls_tokens - num_cls
+    if extra > 0:  # new teachers' tokens (extends_tokens): copies of the first
+        weights["cls_token"] = torch.cat([tokens, tokens[:, :1].expand(1, extra, -1)], dim=1)
     own = student.state_dict()
     for key in [k for k in weights if k.endswith((".ls1.gamma", ".ls2.gamma")) and k not in own]:
         gamma = weights.pop(key).double()
@@ -194,8 +221,9 @@ def _input_normalization(module: Any, state: Mapping[str, Tensor]) -> None:
     mean = tuple(float(v) for v in state[CONDITIONER + "norm_mean"].flatten())
     std = tuple(float(v) for v in state[CONDITIONER + "norm_std"].flatten())
     if (mean, std) != (tuple(module.student_mean), tuple(module.student_std)):
-        log.info("model.init_from: the student's pixel mean/std are the source's: %s / %s",
-                 mean, std)  # fmt: skip
+        rank_zero_info(
+            f"model.init_from: the student's pixel mean/std are the source's: {mean} / {std}"
+        )
     module.student_mean, module.student_std = mean, std
     module.student_step.mean, module.student_step.std = mean, std
 
@@ -250,7 +278,7 @@ def load_heads(
         state = {k[len(name) + 1 :]: v for k, v in heads.items() if k.startswith(name + ".")}
         module.imported_heads.carry(name, entries[name], state)
     if carried:
-        log.info("model.init_from: shipped heads carried unchanged into exports: %s", carried)
+        rank_zero_info(f"model.init_from: shipped heads carried unchanged into exports: {carried}")
     return imported, fresh
 
 

@@ -127,7 +127,7 @@ def _torch_load(path: Path) -> Any:
         with torch.serialization.safe_globals([Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, corrupt, not a torch file, or other pickled objects
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
         if "weights_only" in str(error) or "Unsupported global" in str(error):
             raise ValueError(
                 f"model.init_from: {path} holds pickled objects other than tensors and "
@@ -288,7 +288,9 @@ def _from_nvlabs_hf(weights: Mapping[str, Tensor], config: Mapping[str, Any]) ->
     state = {}
     for key, value in weights.items():
         key = key.removeprefix("radio_model.")
-        if key.startswith("model."):
+        if key.startswith("model."):  # transformers' LayerScale saved under NVlabs' names too
+            for k in ("1", "2"):
+                key = key.replace(f".layer_scale{k}.lambda1", f".ls{k}.gamma")
             state[BASE + key[len("model.") :]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value

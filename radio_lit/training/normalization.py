@@ -34,4 +34,3 @@ def normalized_targets(
     if estimate:
         teacher_stats.accumulate_outputs(normalizers, dispersions, outputs, refit, sources)
     return [{n: normalizers[n](as_float32(o.features)) for n, o in c.items()} for c in outputs]
-

@@ -42,6 +42,17 @@ CASES = {
         "{path: {tmp}/quickstart.pth, heads: {dino: dinov2}}",
         ["model.init_from.heads", "'dinov2'", "quickstart.pth", "['clip', 'dino', 'sam']"],
     ),
+    "a student of another architecture": (
+        "{tmp}/quickstart.pth",
+        ["model.init_from", "quickstart.pth", "depth 4", "depth 2", "model_kwargs"],
+    ),
+}
+#: Extra options of a case.
+EXTRA = {
+    "a student of another architecture": [
+        "--model.student.init_args.model_kwargs",
+        "{depth: 2, embed_dim: 96, num_heads: 3}",
+    ],
 }
 
 
@@ -75,7 +86,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[forking.Outcome, Path]]:
         scratch = root / f"case{index}"
         scratch.mkdir()
         value = CASES[name][0].replace("{tmp}", str(root))
-        argv = [*FIT, "--model.init_from", value]
+        argv = [*FIT, "--model.init_from", value, *EXTRA.get(name, [])]
         return forking.run("radio_lit.cli.app:main", [argv], scratch / "forked", env=env,
                            cwd=scratch), scratch  # fmt: skip
 
@@ -94,7 +105,8 @@ def test_a_bad_published_model_gets_one_line_and_exit_code_2(outcomes, name):
     errors = [line for line in stderr.splitlines() if "radio-lit: error:" in line]
     assert len(errors) == 1, stderr[-3000:]
     message = stderr[stderr.index("radio-lit: error:") :]
-    assert len(message.strip().splitlines()) == 1, message
+    assert len(message.strip().splitlines()) <= 2, message  # and the RADIO_LIT_TRACEBACK hint
+    message = message.splitlines()[0]
     for text in CASES[name][1]:
         assert text in message, f"{text!r} not in {message!r}"
     assert not list(scratch.glob("lightning_logs/*/version_*")), "a run folder was left behind"

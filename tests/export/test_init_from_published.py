@@ -13,6 +13,7 @@ import torch
 from radio_lit.callbacks import TeacherStatsEstimation
 from radio_lit.data.views import normalize_view
 from radio_lit.export import (
+    PublishedStudent,
     checkpoint_inference_model,
     module_inference_model,
     read_radio,
@@ -140,11 +141,23 @@ class Losses(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
+def shared_token_source(folder: Path) -> Path:
+    """A tiny module with one shared summary token (any number of teachers then fits RADIO's
+    layout, the carried ones too), PHI-S fitted, exported in NVlabs' layout."""
+    torch.manual_seed(0)
+    student = tiny_student(num_registers=2, cpe_align_corners=False)
+    module = tiny_module(student=student, teachers=_teachers(), normalizer=PhiS)
+    for name, output in module.run_teachers(torch.rand(4, 3, 96, 96)).items():
+        module.normalizers[name].update(output.features)
+        module.normalizers[name].fit()
+    return save_radio(module_inference_model(module.eval()), folder / "shared.pth")
+
+
 def fit_imported(root: Path, source: Path, *extra, ckpt_path=None, steps: int = 3):
     """The tiny module from ``source`` with a new teacher ``sam2`` (the shipped SAM head is
     carried), trained ``steps`` steps with PHI-S estimated over the first two."""
     torch.manual_seed(0)
-    student = tiny_student(**STUDENT["init_args"])
+    student = tiny_student(num_registers=2, cpe_align_corners=False)
     module = tiny_module(student=student, teachers=_teachers("sam2"), normalizer=PhiS,
                          init_from=str(source))  # fmt: skip
     callbacks = [TeacherStatsEstimation(steps=2, refit_every=1), SeedPerStep(), *extra]
@@ -154,24 +167,62 @@ def fit_imported(root: Path, source: Path, *extra, ckpt_path=None, steps: int = 
 
 
 @pytest.mark.slow
-def test_an_imported_run_trains_resumes_exactly_and_exports_old_and_new_heads(exported, tmp_path):
+def test_an_imported_run_trains_resumes_exactly_and_exports_old_and_new_heads(tmp_path):
+    source = shared_token_source(tmp_path)
     losses = Losses()
-    uninterrupted = fit_imported(tmp_path / "full", exported / "student.pth", losses)
+    uninterrupted = fit_imported(tmp_path / "full", source, losses)
     assert losses.losses[0] != losses.losses[-1]  # a step moves the loss
     path = tmp_path / "killed.ckpt"
-    fit_imported(tmp_path / "first", exported / "student.pth", StopAt(2, path))
-    resumed = fit_imported(tmp_path / "second", exported / "student.pth", ckpt_path=path)
+    fit_imported(tmp_path / "first", source, StopAt(2, path))
+    resumed = fit_imported(tmp_path / "second", source, ckpt_path=path)
     for key, value in uninterrupted.state_dict().items():
         if not key.startswith("teachers."):
             assert torch.allclose(resumed.state_dict()[key], value, atol=1e-6), key
 
-    checkpoint = saved_run(resumed, tmp_path / "run", config={"model": {"teachers": {
-        **{n: TEACHERS[n] for n in ("clip", "dino")}, "sam2": TEACHERS["sam"]}}})  # fmt: skip
-    model = checkpoint_inference_model(checkpoint)
+    teachers = {"clip": TEACHERS["clip"], "dino": TEACHERS["dino"], "sam2": TEACHERS["sam"]}
+    student = {**STUDENT, "init_args": {**STUDENT["init_args"], "num_cls_tokens": 1}}
+    config = {"model": {"teachers": teachers, "student": student}}
+    model = checkpoint_inference_model(saved_run(resumed, tmp_path / "run", config=config))
     save_radio(model, tmp_path / "again.pth")
-    config, state = read_radio(exported / "student.pth")
+    _, state = read_radio(source)
     again_config, again = read_radio(tmp_path / "again.pth")
     assert [t["name"] for t in again_config["teachers"]] == ["clip", "dino", "sam2", "sam"]
+    assert "_feature_projections.sam2.fc1.weight" in again  # the new head
     for key in [k for k in state if k.startswith(("_heads.sam.", "_feature_projections.sam."))]:
         assert torch.equal(again[key], state[key]), key  # the shipped head, carried untrained
     assert torch.equal(again["input_conditioner.norm_mean"], state["input_conditioner.norm_mean"])
+
+
+def test_a_student_with_a_token_for_a_new_teacher_extends_the_source(exported):
+    """Extending a published model by a teacher with a summary: the student names the
+    source's tokens first, then the new one, which starts as a copy of the first (one more
+    token to attend to: no longer the source's function to round-off)."""
+    from tests.teachers.tiny import tiny_dinov2_teacher
+
+    torch.manual_seed(0)
+    names = ["clip", "dino", "sam", "dino2"]
+    student = tiny_student(**{**STUDENT["init_args"], "num_cls_tokens": None},
+                           summary_tokens=names)  # fmt: skip
+    teachers = {**_teachers(), "dino2": tiny_dinov2_teacher()}
+    module = tiny_module(student=student, teachers=teachers, normalizer=PhiS,
+                         init_from=str(exported / "student.pth")).eval()  # fmt: skip
+    _, state = read_radio(exported / "student.pth")
+    source = state["base_model.patch_generator.cls_token.token"]
+    tokens = module.student.cls_token[0]
+    assert torch.equal(tokens[:3], source[:3]) and torch.equal(tokens[3], source[0])
+    assert torch.equal(module.student.registers[0], source[3:])
+    assert module.imported_heads.names == ["clip", "dino", "sam"]  # dino2's head is fresh
+
+
+def test_a_published_student_reads_its_architecture_from_the_source(trained, exported):
+    """``PublishedStudent`` needs no restated architecture and reproduces the source."""
+    source = exported / "student.pth"
+    torch.manual_seed(0)
+    student = PublishedStudent(source=str(source))
+    assert (student.num_cls_tokens, student.num_registers) == (3, 2)
+    assert student.summary_tokens == ["clip", "dino", "sam"]
+    module = tiny_module(student=student, normalizer=PhiS, init_from=str(source)).eval()
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    want = own_outputs(trained, images)
+    del want["backbone"]
+    assert_reproduces(outputs_in_teacher_space(module, images), want)
