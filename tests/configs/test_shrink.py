@@ -4,6 +4,7 @@ which starts from the quickstart's student exported in NVlabs' layout."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -66,10 +67,11 @@ def quickstart_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The twin header's first commands, quickly: the quickstart's module (its student and
     teacher names, untrained), its PHI-S statistics fitted on one batch, exported as
     ``radio-lit export --format radio`` writes it."""
-    cli = _build("quickstart.yaml", size="build", extra=ONE_STEP)  # a module of its own
-    fit_statistics(cli.model, first_batch(cli.datamodule))
+    cli = built("quickstart.yaml")
+    module = copy.deepcopy(cli.model)  # the shared build stays as built
+    fit_statistics(module, first_batch(cli.datamodule))
     path = tmp_path_factory.mktemp("published") / "quickstart.pth"
-    return save_radio(module_inference_model(cli.model.eval()), path)
+    return save_radio(module_inference_model(module.eval()), path)
 
 
 def test_the_cpu_twin_distils_the_exported_quickstart(quickstart_export: Path) -> None:

@@ -8,6 +8,7 @@ normalizers, losses), and the model is held once and run once per view for all o
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,84 @@ def test_partitions_of_one_models_outputs_run_it_once_per_partition(
     for name, before in heads.items():
         after = list(module.heads[name].parameters())
         assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True)), name
+
+
+#: NVlabs' Hugging Face repository layout for ``backend: remote_code``, offline: a config class
+#: with ``adaptor_names`` and a model whose forward is the checkpoint format's definition
+#: (``tests/export/radio_reference.py``), loaded by ``AutoModel`` with ``trust_remote_code``.
+REMOTE_CONFIG = """
+from transformers import PretrainedConfig
+
+
+class ReferenceRadioConfig(PretrainedConfig):
+    model_type = "radio_reference"
+
+    def __init__(self, checkpoint="", adaptor_names=None, **kwargs):
+        self.checkpoint, self.adaptor_names = checkpoint, adaptor_names
+        super().__init__(**kwargs)
+"""
+REMOTE_MODEL = """
+from collections import namedtuple
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from tests.export.radio_reference import reference_forward
+
+from .configuration_reference import ReferenceRadioConfig
+
+Output = namedtuple("Output", "summary features")
+
+
+class ReferenceRadioModel(PreTrainedModel):
+    config_class = ReferenceRadioConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.anchor = nn.Parameter(torch.zeros(1))
+        self.names = list(config.adaptor_names or [])
+        self.checkpoint = torch.load(config.checkpoint, weights_only=False)
+        self.post_init()
+
+    def forward(self, x):
+        out = reference_forward(self.checkpoint, x)
+        return {n: Output(*out[n]) for n in ["backbone", *self.names]}
+"""
+
+
+def test_remote_code_through_transformers_is_built_once_with_every_adaptor(
+    nvlabs_model,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``loader: transformers, backend: remote_code`` (the shrink recipes' path): the entries'
+    adaptors are set on the config before loading, the model is rebuilt once per new adaptor
+    and serves every entry in one forward, as entries with models of their own do."""
+    from safetensors.torch import save_file
+
+    hub_file, _ = nvlabs_model
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "configuration_reference.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_reference.py").write_text(REMOTE_MODEL)
+    auto = {
+        "AutoConfig": "configuration_reference.ReferenceRadioConfig",
+        "AutoModel": "modeling_reference.ReferenceRadioModel",
+    }
+    config = {"model_type": "radio_reference", "auto_map": auto, "checkpoint": str(hub_file)}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"anchor": torch.zeros(1)}, str(folder / "model.safetensors"))
+    options = dict(loader="transformers", backend="remote_code", trust_remote_code=True)
+    names = ["backbone", "siglip2-g", "dino_v3"]
+    shared = {n: RADIOTeacher(str(folder), adaptor=n, **options) for n in names}
+    separate = {n: RADIOTeacher(str(folder), adaptor=n, share=False, **options) for n in names}
+    net = shared["dino_v3"].model
+    assert all(t.model is net for t in shared.values()) and net.names == names[1:]
+    calls = _count_calls(net)
+    crop = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    got = run_teachers(shared, crop, names, (4, 4))
+    expected = run_teachers(separate, crop, names, (4, 4))
+    assert calls[0] == 1
+    for name in names:
+        assert torch.equal(got[name].features, expected[name].features)
+        assert torch.equal(got[name].summary, expected[name].summary)
