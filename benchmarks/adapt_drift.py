@@ -30,7 +30,7 @@ ratio: F (goal >= 0.9)``, with ``R`` the normalized MSE of (b) over that of (a),
 features averaged over the seeds and then together (each counts alike) [choice], and ``F``
 (b)'s mean fidelity over (a)'s.
 
-    python benchmarks/adapt_drift.py                    # 370 s on the shared 2-core CPU
+    python benchmarks/adapt_drift.py                    # 4-6 min on the shared 2-core CPU
     python benchmarks/adapt_drift.py --start published/quickstart.pth   # the twins' file
 """
 
