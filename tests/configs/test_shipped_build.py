@@ -125,7 +125,6 @@ def test_builds_with_its_student_its_teachers_and_its_partitions(name):
         plan.place(1, 0)
     assert max(n or per_rank for n in needs) == per_rank
     strategy = (raw(name)["trainer"].get("strategy") or {}) if gpu_recipe(name) else {}
-    strategy = {"class_path": strategy} if isinstance(strategy, str) else strategy  # "ddp"
     if str(strategy.get("class_path", "")).endswith("ModelParallelStrategy"):
         assert strategy["init_args"]["data_parallel_size"] == world
         assert len({plan.members[p] for p in plan.partitions}) == 1

@@ -8,6 +8,7 @@ normalizers, losses), and the model is held once and run once per view for all o
 from __future__ import annotations
 
 import copy
+import gc
 import json
 from pathlib import Path
 
@@ -28,6 +29,9 @@ OUTPUTS = ["backbone", "clip", "dino", "sam"]
 
 
 def _entries(path: Path, share: bool, **options: object) -> dict[str, RADIOTeacher]:
+    """One ``RADIOTeacher`` per output of the export ``path``; an earlier test's teachers still
+    in reference cycles (a fitted module) are collected first, so that they share nothing."""
+    gc.collect()
     return {
         f"radio_{o}": RADIOTeacher(str(path), adaptor=o, share=share, **options) for o in OUTPUTS
     }
@@ -283,3 +287,26 @@ def test_remote_code_through_transformers_is_built_once_with_every_adaptor(
     for name in names:
         assert torch.equal(got[name].features, expected[name].features)
         assert torch.equal(got[name].summary, expected[name].summary)
+
+
+def test_model_compile_compiles_the_shared_models_call_once(
+    exported: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``model.compile`` on every entry compiles the shared model's call once; its report is
+    the first entry's alone, and the compiled forward serves every entry as eager does."""
+    own = tmp_path / "student.pth"  # a file of its own: a source no other test holds
+    own.write_bytes((exported / "student.pth").read_bytes())
+    shared = _entries(own, share=True, resolution=64)
+    eager = _entries(exported / "student.pth", share=False, resolution=64)
+    for teacher in shared.values():
+        teacher.compile(backend="eager")
+    runner = shared["radio_backbone"].source.runner
+    assert runner is not None and runner.compiled is not None
+    assert [n for n, t in shared.items() if t.speed_runner is not None] == ["radio_backbone"]
+    crop = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(6))
+    got = run_teachers(shared, crop, list(shared), (4, 4))
+    expected = run_teachers(eager, crop, list(eager), (4, 4))
+    assert runner.compiled.stats.graphs == 1
+    for name in shared:
+        torch.testing.assert_close(got[name].features, expected[name].features)
