@@ -207,6 +207,34 @@ def tiny_teacher_overrides(key: str, entry: Any) -> list[str]:
     )
 
 
+def radio_stand_in_overrides(raw: dict[str, Any]) -> list[str]:
+    """For a config whose student starts as the model its ``RADIOTeacher`` entries serve
+    (``model.init_from`` is their file: ``configs/recipes/{adapt,extend}``), overrides that
+    load both from one tiny export with the adaptor heads the entries name
+    (:func:`tests.published_stand_in.radio_stand_in`, the quickstart student's architecture),
+    read by ``loader: export``; ``[]`` for other configs (their RADIO teachers are
+    :func:`tiny_teacher_overrides`')."""
+    from tests.published_stand_in import radio_stand_in
+
+    entries = {
+        key: entry
+        for key, entry in config_teachers(raw).values()
+        if str(entry.get("class_path", "")).endswith("RADIOTeacher")
+    }
+    inits = {key: entry.get("init_args") or {} for key, entry in entries.items()}
+    init_from = (raw.get("model") or {}).get("init_from")
+    if not inits or init_from not in {i.get("model") for i in inits.values()}:
+        return []
+    adaptors = sorted({i.get("adaptor", "backbone") for i in inits.values()} - {"backbone"})
+    path = radio_stand_in(tuple(adaptors))
+    out = []
+    for key in entries:
+        args = f"{key}.init_args"
+        out += [f"{args}.model={path}", f"{args}.loader=export", f"{args}.backend=native"]
+        out.append(f"{args}.trust_remote_code=false")
+    return [*out, f"--model.init_from={path}"]
+
+
 def short_teacher_overrides(key: str, entry: Any, depth: int) -> list[str]:
     """What :func:`benchmarks.harness.build`'s ``teacher_depth`` does not cover: SAM3
     from transformers' default ``Sam3VisionConfig`` (SAM3's own architecture; no download)
@@ -368,7 +396,9 @@ def build(
     one device's share of every partition), ``"cpu"`` (tiny teachers, the CPU student, CPU
     partitions and resolutions: :func:`cpu_sizes`) or ``"build"`` (tiny teachers, the student,
     partitions and resolutions as configured: with ``student_device="meta"`` the real
-    architecture of a GPU recipe's student at no cost). The models are created on ``device``
+    architecture of a GPU recipe's student at no cost); at every size a student that starts
+    as its RADIO teachers' model starts from their stand-in (:func:`radio_stand_in_overrides`).
+    The models are created on ``device``
     unless ``build_on_host`` (:func:`benchmarks.harness.on_device`). ``extra``: more
     command-line overrides (they come last and win; one training step unless they say
     otherwise)."""
@@ -379,6 +409,8 @@ def build(
             overrides += tiny_teacher_overrides(key, entry)
         elif teacher_depth is not None:
             overrides += short_teacher_overrides(key, entry, teacher_depth)
+    # a student that starts as its RADIO teachers' model: both from one stand-in, at any size
+    overrides += radio_stand_in_overrides(raw)
     if size == "cpu":
         overrides += cpu_student_overrides(raw)
     overrides += one_device_overrides(raw, size, keep_strategy)

@@ -169,7 +169,8 @@ class RADIOSource:
 def view_key(crop: Tensor, size: tuple[int, int]) -> tuple[Any, ...]:
     """What identifies a teacher's view of ``crop`` at ``size`` within a step: the crop's
     memory (storage pointer, offset, shape, strides, dtype, device), its version counter
-    (bumped by any in-place change) and the view size."""
+    (bumped by any in-place change; an inference tensor, made under ``torch.inference_mode``
+    as Lightning's validation makes its batches, has none: ``None``) and the view size."""
     return (
         crop.untyped_storage().data_ptr(),
         crop.storage_offset(),
@@ -177,7 +178,7 @@ def view_key(crop: Tensor, size: tuple[int, int]) -> tuple[Any, ...]:
         crop.stride(),
         crop.dtype,
         crop.device,
-        crop._version,
+        None if crop.is_inference() else crop._version,
         tuple(size),
     )
 

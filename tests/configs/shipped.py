@@ -97,6 +97,8 @@ def model_id_problems(kind: str, init: dict[str, Any]) -> list[str]:
         if model_type is not None and model_type not in sam_model_registry:
             return [f"SAM model type {model_type!r} is none of {sorted(sam_model_registry)}"]
         return []
+    if kind == "RADIOTeacher" and init.get("loader", "export") == "export":
+        return []  # a radio-lit export: a local file (configs/recipes/adapt's twin makes one)
     if kind in ("SAM2Teacher", "SAM3Teacher", "TransformersTeacher", "RADIOTeacher"):
         from radio_lit.teachers.transformers_teacher import is_model_type
 

@@ -1,0 +1,135 @@
+"""The recipes that start from a published RADIO (``configs/recipes/{adapt,extend}``): the
+student starts as the published model and keeps it, frozen, as the teacher of every output it
+ships; extend adds one teacher and keeps the old ones; each CPU twin starts from the file its
+header's first commands make. (That they build at real size and their twins step:
+test_shipped_build.py and test_shipped_steps.py, from :mod:`tests.published_stand_in`.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.configs.shipped import ROOT, raw
+
+ADAPT = ("recipes/adapt/c-radio-v4-h.yaml", "recipes/adapt/quickstart.yaml")
+EXTEND = ("recipes/extend/c-radio-v4-h.yaml", "recipes/extend/quickstart.yaml")
+#: The adaptor heads each starting model ships (C-RADIOv4's [R4]; the quickstart's teachers).
+SHIPPED_HEADS = {
+    "c-radio-v4-h": {"siglip2-g", "dino_v3", "sam3"},
+    "quickstart": {"clip", "dino", "sam"},
+}
+
+
+def _kind(entry: dict) -> str:
+    return entry["class_path"].rsplit(".", 1)[-1]
+
+
+def _radio_teachers(name: str) -> dict[str, dict]:
+    teachers = raw(name)["model"]["teachers"]
+    return {n: e["init_args"] for n, e in teachers.items() if _kind(e) == "RADIOTeacher"}
+
+
+def _callbacks(name: str) -> dict[str, dict]:
+    return {
+        c["class_path"].rsplit(".", 1)[-1]: c.get("init_args") or {}
+        for c in raw(name)["trainer"]["callbacks"]
+    }
+
+
+@pytest.mark.parametrize("name", ADAPT + EXTEND)
+def test_the_starting_model_is_the_teacher_of_every_output_it_ships(name):
+    """One frozen RADIO teacher per output of the starting model (its backbone and each head,
+    teachers named as the heads, so each imported head keeps its own output as target), all of
+    the file the student starts from, at the student's resolution (exact at step 0); the trunk
+    frozen for the first steps, within the statistics' estimation."""
+    model = raw(name)["model"]
+    radio = _radio_teachers(name)
+    assert {i.get("adaptor", "backbone") for i in radio.values()} == {
+        "backbone",
+        *SHIPPED_HEADS[Path(name).stem],
+    }
+    assert all(i.get("adaptor", "backbone") in (n, "backbone") for n, i in radio.items())
+    assert {i["model"] for i in radio.values()} == {model["init_from"]}
+    assert all(i["follow_student"] for i in radio.values())
+    callbacks = _callbacks(name)
+    assert 0 < callbacks["FreezeBody"]["steps"] < raw(name)["trainer"]["max_steps"]
+    assert callbacks["TeacherStatsEstimation"]["steps"] <= callbacks["FreezeBody"]["steps"]
+
+
+@pytest.mark.parametrize(("adapt", "extend"), list(zip(ADAPT, EXTEND, strict=True)))
+def test_extend_is_adapt_plus_one_generic_teacher(adapt, extend):
+    """The old outputs kept as adapt keeps them, one new timm/transformers teacher, the same
+    student (the release's prefix tokens: the new teacher takes a token no summary used)."""
+    old, new = raw(adapt)["model"], raw(extend)["model"]
+    added = set(new["teachers"]) - set(old["teachers"])
+    assert len(added) == 1
+    assert _kind(new["teachers"][added.pop()]) in ("TimmTeacher", "TransformersTeacher")
+    assert {n: new["teachers"][n] for n in old["teachers"]} == old["teachers"]
+    student, before = new["student"]["init_args"], old["student"]["init_args"]
+    tokens = student.pop("summary_tokens", None), before.pop("summary_tokens", None)
+    assert student == before and new["init_from"] == old["init_from"]
+    if tokens[1] is not None:
+        assert len(tokens[0]) == len(tokens[1])
+        with_summary = {
+            n for n, e in new["teachers"].items() if (e["init_args"].get("summary") is not False)
+        }
+        assert set(tokens[0]) <= with_summary | set(SHIPPED_HEADS["c-radio-v4-h"])
+
+
+def _header_commands(name: str) -> list[list[str]]:
+    lines = (ROOT / "configs" / name).read_text(encoding="utf-8").splitlines()
+    found = [re.match(r"#\s+radio-lit (.*)", line) for line in lines]
+    return [shlex.split(m.group(1)) for m in found if m]
+
+
+@pytest.mark.parametrize("name", [n for n in ADAPT + EXTEND if n.endswith("quickstart.yaml")])
+def test_a_twin_starts_from_the_file_its_first_commands_make(name):
+    """The header's fit names the run's version, its export writes the file the twin starts
+    from (``--output`` without suffix: ``<output>.pth``, NVlabs' layout); the same two commands
+    as the shrink twin's, so one file serves the three; the next command trains the twin."""
+    fit, export, *rest = _header_commands(name)
+    assert fit[:3] == ["fit", "--config", "configs/quickstart.yaml"]
+    assert fit[3:] == ["--trainer.logger.init_args.version", "published"]
+    logger = raw("quickstart.yaml")["trainer"]["logger"]["init_args"]
+    run = Path(logger["save_dir"], logger["name"], "published")
+    assert export[:4] == ["export", str(run / "checkpoints" / "last.ckpt"), "--format", "radio"]
+    assert export[4] == "--output"
+    assert raw(name)["model"]["init_from"] == f"{export[5]}.pth"
+    assert rest[0] == ["fit", "--config", f"configs/{name}"]
+    assert _header_commands("recipes/shrink/quickstart.yaml")[:2] == [fit, export]
+
+
+@pytest.mark.slow
+def test_the_adapt_twin_starts_as_the_model_it_continues(caplog):
+    """Built as ``radio-lit fit`` builds it, from the stand-in of the file its header makes
+    (:func:`tests.published_stand_in.radio_stand_in`), the student at step 0 is the starting
+    model: its backbone's summary and features and each shipped head's outputs (teacher space,
+    before any statistics) are the starting model's to float32 round-off, and so the targets of
+    its RADIO teachers; the log names the heads imported and the one that starts fresh."""
+    import logging
+
+    import torch
+
+    import radio_lit
+    from tests.configs.shipped import _build
+    from tests.export.test_init_from_published import assert_reproduces, outputs_in_teacher_space
+    from tests.published_stand_in import radio_stand_in
+
+    with caplog.at_level(logging.INFO, logger="radio_lit"):  # a build of its own: its log
+        extra = ["--trainer.accelerator=cpu", "--trainer.max_steps=1"]
+        module = _build("recipes/adapt/quickstart.yaml", size="build", extra=extra).model
+    start = radio_lit.load(radio_stand_in(("clip", "dino", "sam")))
+    for size in ((64, 64), (48, 80)):
+        images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            want = {k: (v.summary, v.features) for k, v in start(images).items()}
+        got = outputs_in_teacher_space(module.eval(), images)
+        summary, features = got["backbone"]  # the export's backbone summary: the first token
+        got["backbone"] = (summary[:, 0], features)
+        assert_reproduces(got, want)
+    logged = " ".join(r.getMessage() for r in caplog.records if "model.init_from" in r.getMessage())
+    assert "heads imported {'clip': 'clip', 'dino': 'dino', 'sam': 'sam'}" in logged
+    assert "start fresh: ['quickstart']" in logged
