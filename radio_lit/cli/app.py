@@ -36,12 +36,7 @@ from radio_lit.cli.commands import overview
 from radio_lit.cli.contracts import check_contracts
 from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
 from radio_lit.cli.hub import HubProbe, unreachable_download
-from radio_lit.cli.overlays import (
-    mapping_option,
-    merged_mapping,
-    overlay_error,
-    wrong_value_line,
-)
+from radio_lit.cli.overlays import VALIDATING, overlay_error, stacked_value, wrong_value_line
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.core.errors import (
@@ -82,14 +77,20 @@ class _RunParser(LightningArgumentParser):
     def _check_value_key(
         self, action: Any, value: Any, key: str, cfg: Namespace | None, *args: Any, **kwargs: Any
     ) -> Any:
-        """A mapping keyed by name (``model.teachers``, ``model.partitions``,
-        ``model.feature_weights``...) that a later config gives is merged into the earlier
-        one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
-        than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
-        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.)"""
-        if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
-            value = merged_mapping(value, cfg.get(key) if cfg is not None else None)
+        """A later config's value stacked on the earlier ones'
+        (:func:`radio_lit.cli.overlays.stacked_value`): a mapping (``model.teachers``, a
+        teacher's ``model_kwargs``...) merged, a class whose ``class_path`` changes started
+        fresh. (A flag giving the whole mapping, ``--model.feature_weights '{clip: 2.0}'``, is
+        not checked here: it sets the mapping as given.)"""
+        value, cfg = stacked_value(action, value, key, cfg)
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> None:
+        token = VALIDATING.set(True)
+        try:
+            super().validate(*args, **kwargs)
+        finally:
+            VALIDATING.reset(token)
 
     def save(self, cfg: Namespace, path: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("skip_validation", True)

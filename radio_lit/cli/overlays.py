@@ -7,17 +7,28 @@ normalizer / loss / balancer) and ``callbacks/*.yaml`` (callbacks) set no ``data
 config to put before it: the one its own comments show (``radio-lit fit --config BASE --config
 OVERLAY``), else a ``base.yaml`` beside it (the ablation rows' layout), else a shipped one.
 
-A later config merges into the mappings keyed by name that an earlier one set
-(``model.teachers``, ``model.partitions``, the per-teacher options such as
-``model.feature_weights``, and any mapping inside a class's settings such as a teacher's
-``model_kwargs``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
-:func:`merged_mapping` keeps the entries the later config does not name, and an entry set to
-``null`` removes it (a JSON merge patch, RFC 7386). [choice] jsonargparse replaces a whole
-dict-typed value with each config that gives it; radio-lit's run parser merges instead.
+A later config merges into what the earlier ones set, by one rule for every mapping at every
+depth: the mappings keyed by name (``model.teachers``, ``model.partitions``, the per-teacher
+options such as ``model.feature_weights``) and any mapping inside a class's settings, typed or
+``dict[str, Any]`` (a teacher's ``model_kwargs``, OpenCLIP's ``model_cfg.vision_cfg``, SAM3's
+``model_kwargs.backbone_config``). :func:`merged_mapping` is a JSON merge patch (RFC 7396): the
+entries the later config does not name are kept, a mapping entry merges into the earlier one,
+any other value replaces it, and ``null`` removes an entry. [choice] Two departures, so that a
+merge never loses what a config says: ``null`` removes only what came before (an earlier
+config's entry); in a config's own values, where nothing came before (the first config, or a key
+no earlier config gave), ``null`` is the value ``None`` passed to the class; and a class value
+(``class_path`` / ``init_args``: a teacher, the data, a normalizer) whose ``class_path`` changes
+starts fresh, with only the later config's ``init_args`` and the new class's defaults
+(:func:`stacked_value`; jsonargparse would keep every earlier argument the new class also
+accepts), said in one line of the log. [choice] jsonargparse replaces a whole dict-typed value
+with each config that gives it and keeps a replaced class's arguments; radio-lit's run parser
+merges and starts fresh instead.
 """
 
 from __future__ import annotations
 
+import contextvars
+import importlib
 import re
 import types
 from collections.abc import Mapping, Sequence
@@ -25,7 +36,8 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import Namespace, _typehints
+from lightning.pytorch.utilities import rank_zero_info
 
 from radio_lit.core.errors import nested_value_error
 
@@ -120,20 +132,109 @@ def mapping_option(typehint: Any) -> bool:
     return isinstance(origin, type) and issubclass(origin, Mapping)
 
 
+#: Whether the parser is validating a parsed config (``ArgumentParser.validate``): each value is
+#: then checked against itself, not stacked on an earlier one.
+VALIDATING: contextvars.ContextVar[bool] = contextvars.ContextVar("validating", default=False)
+#: jsonargparse's flag for its pass that applies a parsed config onto itself to add the classes'
+#: defaults (``ActionTypeHint.add_sub_defaults``): nothing is stacked then either.
+_SUB_DEFAULTS: contextvars.ContextVar[bool] | None = getattr(_typehints, "sub_defaults", None)
+
+
+def stacked_value(
+    action: Any, value: Any, key: str, cfg: Namespace | None
+) -> tuple[Any, Namespace | None]:
+    """``value``, which a config gives for ``key``, stacked on what ``cfg`` (the earlier
+    configs, and the defaults) holds there: ``(value, cfg)`` to check it with.
+
+    - A mapping (:func:`mapping_option`) is :func:`merged_mapping` into the earlier one.
+    - A class value whose ``class_path`` is another class than the earlier one's (an entry of
+      a mapping of classes, ``model.teachers.dino``, or a class option, ``data``) starts
+      fresh: ``cfg`` is returned without the earlier value, so that jsonargparse merges the
+      given ``init_args`` into the new class's defaults only; one line says so.
+
+    Anything else is returned as it is, and every value while the parser checks a parsed
+    config against itself (:data:`VALIDATING`, jsonargparse's pass that adds the defaults)."""
+    if cfg is None or VALIDATING.get() or (_SUB_DEFAULTS is not None and _SUB_DEFAULTS.get()):
+        return value, cfg
+    previous = cfg.get(key)
+    if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
+        value = merged_mapping(value, previous)
+        earlier = previous if isinstance(previous, dict) else {}
+        restarted = [n for n, entry in value.items() if _other_class(entry, earlier.get(n))]
+        for name in restarted:
+            _say_restarted(f"{key}.{name}", earlier[name], value[name])
+        if restarted:
+            cfg = cfg.clone()
+            cfg[key] = {n: entry for n, entry in earlier.items() if n not in restarted}
+    elif _other_class(value, previous):
+        _say_restarted(key, previous, value)
+        cfg = cfg.clone()
+        cfg[key] = None
+    return value, cfg
+
+
 def merged_mapping(value: Any, previous: Any) -> Any:
     """``value``, a mapping a config (or a whole-mapping flag) gives, merged into the
-    ``previous`` one (an earlier config's): entries of ``previous`` it does not name are kept,
-    the ones it names are its own (merged further by jsonargparse, as a flag's are), and an
-    entry set to ``None`` is removed. Anything else is returned as it is."""
+    ``previous`` one (an earlier config's) as a JSON merge patch (RFC 7396), at every depth:
+    entries of ``previous`` it does not name are kept; an entry that is a mapping where
+    ``previous`` has a mapping is merged into it; a class value (``class_path`` /
+    ``init_args``) is its own (jsonargparse merges its ``init_args`` into the earlier
+    entry's, as a flag's); any other entry replaces the earlier one. An entry set to ``None``
+    removes the earlier entry, and where ``previous`` has none is kept as ``None`` (the value
+    a config gives a keyword argument). Anything else is returned as it is.
+
+    >>> merged_mapping({"vision_cfg": {"layers": 3}, "quick_gelu": None, "init_logit_bias": None},
+    ...                {"quick_gelu": True, "vision_cfg": {"layers": 2, "width": 64}})
+    {'vision_cfg': {'layers': 3, 'width': 64}, 'init_logit_bias': None}
+    """
     if not isinstance(value, dict) or isinstance(value, Namespace):
         return value
-    merged = dict(previous) if isinstance(previous, dict) else {}
+    if not isinstance(previous, dict):
+        return value
+    merged = dict(previous)
     for key, entry in value.items():
-        if entry is None:
-            merged.pop(key, None)
+        if entry is None and key in merged:
+            merged.pop(key)
+        elif (
+            isinstance(entry, dict)
+            and isinstance(merged.get(key), dict)
+            and not _other_class(entry, merged[key])
+        ):
+            merged[key] = merged_mapping(entry, merged[key])
         else:
             merged[key] = entry
     return merged
+
+
+def _other_class(value: Any, previous: Any) -> bool:
+    """Whether ``value`` is a class value (a mapping with ``class_path``) naming another class
+    than the class value ``previous`` (short and full names of one class are the same)."""
+    if not isinstance(value, dict) or "class_path" not in value:
+        return False
+    if not isinstance(previous, (dict, Namespace)) or not previous.get("class_path"):
+        return False
+    given, earlier = str(value["class_path"]), str(previous["class_path"])
+    return given != earlier and _imported(given) is not _imported(earlier)
+
+
+def _imported(class_path: str) -> Any:
+    """The object ``class_path`` names, else the string itself (a name jsonargparse resolves
+    by its last part, or one that does not import: jsonargparse reports it)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else class_path
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+
+
+def _say_restarted(key: str, earlier: Any, given: dict) -> None:
+    """The line of the log for a class value that starts fresh (on standard error)."""
+    name = str(given["class_path"]).rsplit(".", 1)[-1]
+    rank_zero_info(
+        f"radio-lit: {key}: class_path {earlier['class_path']} -> {given['class_path']}: "
+        f"starts fresh, from the given init_args and {name}'s defaults (the earlier "
+        "init_args are dropped)"
+    )
 
 
 def _load(path: Path) -> dict:
