@@ -14,8 +14,15 @@
   :func:`save_timm` / :func:`export_timm` (the backbone for timm's and transformers' C-RADIO
   classes); :func:`load` (also ``radio_lit.load``).
 - ``radio-lit export`` (:mod:`radio_lit.cli.export`).
+
+``radio_lit.export.export_hf``, ``save_hf`` and ``select_heads`` (the Hugging Face folder, now
+:mod:`radio_lit.hf.folder`, above this layer) still resolve, as aliases
+(:data:`radio_lit._aliases.MOVED_NAMES`).
 """
 
+from typing import Any
+
+from radio_lit._aliases import moved_name
 from radio_lit.export.card import model_card
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.convert import (
@@ -61,3 +68,8 @@ __all__ = [
     "save_safetensors",
     "save_timm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # names that moved out of this package (radio_lit._aliases.MOVED_NAMES)
+    return moved_name(__name__, name)
