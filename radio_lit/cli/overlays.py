@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import inspect
 import re
 import types
 from collections.abc import Mapping, Sequence
@@ -39,7 +40,7 @@ import yaml
 from jsonargparse import Namespace, _typehints
 from lightning.pytorch.utilities import rank_zero_info
 
-from radio_lit.core.errors import nested_value_error
+from radio_lit.core.errors import did_you_mean, nested_value_error, unaccepted_argument
 
 #: jsonargparse's message for a required section that no config or option gave.
 _REQUIRED = re.compile(r"Option '(\w+)\.([\w.]+)' is required but not provided")
@@ -84,18 +85,48 @@ def overlay_error(message: str, argv: Sequence[str]) -> str | None:
 def wrong_value_line(message: str, argv: Sequence[str]) -> str | None:
     """One line for a wrong value inside a class's settings
     (:func:`~radio_lit.core.errors.nested_value_error`): its full key, the value and what was
-    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``. A mapping's entry
+    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``; or for an
+    argument the class does not take (:func:`~radio_lit.core.errors.unaccepted_argument`):
+    its full key and the closest argument it takes, e.g. ``model.teachers.dino.init_args.modl:
+    DINOv2Teacher takes no argument 'modl' (did you mean 'model'?)``. A mapping's entry
     (``model.teachers.<name>``) is named from the flag or the ``--config`` that set the value."""
+    unaccepted = unaccepted_argument(message)
+    if unaccepted is not None:
+        keys, argument, class_path = unaccepted
+        _name_entry(keys, argument.split("."), None, argv, class_path)
+        name = class_path.rsplit(".", 1)[-1]
+        hint = did_you_mean(argument, _arguments(class_path))
+        return f"{'.'.join([*keys, argument])}: {name} takes no argument {argument!r}{hint}"
     nested = nested_value_error(message)
     if nested is None:
         return None
     keys, reason, value, class_path = nested
-    if None in keys:
-        at = keys.index(None)
-        name = _entry_setting(keys[:at], keys[at + 2 :], value, argv)
-        keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+    _name_entry(keys, [], value, argv, class_path)
     got = "" if value is None else f", got {value!r}"
     return f"{'.'.join(keys)}: {reason}{got}"
+
+
+def _name_entry(
+    keys: list[Any], setting: list[str], value: str | None, argv: Sequence[str], class_path: Any
+) -> None:
+    """Put the entry's name in place of the ``None`` in ``keys`` (``model.teachers.<name>``):
+    the entry whose setting (the keys after the name, then ``setting``) a flag or config of
+    ``argv`` sets (to ``value``, when given)."""
+    if None not in keys:
+        return
+    at = keys.index(None)
+    name = _entry_setting(keys[:at], [*keys[at + 2 :], *setting], value, argv)
+    keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+
+
+def _arguments(class_path: str) -> list[str]:
+    """The keyword arguments of the class ``class_path`` names (none when it does not import)."""
+    found = _imported(class_path)
+    try:
+        parameters = inspect.signature(found).parameters.values() if callable(found) else []
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _entry_setting(

@@ -327,3 +327,42 @@ def test_merged_mapping_is_a_merge_patch_at_every_depth() -> None:
     }
     assert earlier["b"]["d"] == {"e": 3, "f": 4}  # not changed in place
     assert merged_mapping({"k": None}, None) == {"k": None}  # a first config's null
+
+
+#: The one line for a misspelt argument of a teacher (of the data).
+_MODL = "model.teachers.dino.init_args.modl: DINOv2Teacher takes no argument 'modl' (did you mean"
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (["--model.teachers.dino.init_args.modl", "x"], f"{_MODL} 'model'?)"),
+        ({"model": {"teachers": {"dino": {"init_args": {"modl": "x"}}}}}, f"{_MODL} 'model'?)"),
+        (
+            {"model": {"teachers": {"vit": {**FOURTH, "init_args": {"modl": "x"}}}}},
+            f"{_MODL.replace('dino', 'vit').replace('DINOv2', 'Timm')} 'model'?)",
+        ),
+        (
+            {"data": {"init_args": {"batch_sise": 4}}},
+            "data.init_args.batch_sise: ImageFolderDataModule takes no argument 'batch_sise' "
+            "(did you mean 'batch_size'?)",
+        ),
+    ],
+    ids=["flag", "config", "a new entry", "data"],
+)
+def test_a_misspelt_argument_names_its_entry_and_the_closest_one(
+    given, line, tmp_path, capsys
+) -> None:
+    """Through the command: one line naming the entry and the argument it takes, exit 2."""
+    from radio_lit.cli.app import main
+
+    if isinstance(given, dict):
+        path = tmp_path / "typo.yaml"
+        path.write_text(yaml.safe_dump(given))
+        given = ["--config", str(path)]
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", QUICKSTART, *given, "--print_config"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0] == f"radio-lit: error: {line}"
+    assert len(error) == 2 and error[1].startswith("(set RADIO_LIT_TRACEBACK=1"), error
