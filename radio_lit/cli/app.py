@@ -34,7 +34,13 @@ from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
 from radio_lit.cli.contracts import check_contracts
-from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
+from radio_lit.cli.help import (
+    FULL_HELP,
+    add_entry_helps,
+    full_help_argv,
+    short_help,
+    wants_short_help,
+)
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import VALIDATING, overlay_error, stacked_value, wrong_value_line
 from radio_lit.cli.results import evaluation_results, results_table
@@ -140,6 +146,11 @@ class RadioLitCLI(LightningCLI):
             subclass_mode_data=True,
             **kwargs,  # type: ignore[arg-type]
         )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """``--model.teachers.help CLASS``: a teacher class's arguments
+        (:func:`~radio_lit.cli.help.add_entry_helps`)."""
+        add_entry_helps(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse; an unknown option or class name gets the closest known one suggested, an
