@@ -92,6 +92,8 @@ class _RunParser(LightningArgumentParser):
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
 
     def validate(self, *args: Any, **kwargs: Any) -> None:
+        """jsonargparse's check of a parsed config, each value against itself: nothing is
+        stacked (:data:`~radio_lit.cli.overlays.VALIDATING`)."""
         token = VALIDATING.set(True)
         try:
             super().validate(*args, **kwargs)
