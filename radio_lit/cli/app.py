@@ -42,7 +42,13 @@ from radio_lit.cli.help import (
     wants_short_help,
 )
 from radio_lit.cli.hub import HubProbe, unreachable_download
-from radio_lit.cli.overlays import VALIDATING, overlay_error, stacked_value, wrong_value_line
+from radio_lit.cli.overlays import (
+    VALIDATING,
+    overlay_error,
+    restarted_classes,
+    stacked_value,
+    wrong_value_line,
+)
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
 from radio_lit.core.errors import (
@@ -90,6 +96,14 @@ class _RunParser(LightningArgumentParser):
         not checked here: it sets the mapping as given.)"""
         value, cfg = stacked_value(action, value, key, cfg)
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
+
+    def merge_config(self, cfg_from: Namespace, cfg_to: Namespace) -> Namespace:
+        """A config merged into the earlier ones; a class value it gives with another class
+        replaces the earlier one whole (:func:`~radio_lit.cli.overlays.restarted_classes`)."""
+        merged = super().merge_config(cfg_from, cfg_to)
+        for key in restarted_classes(cfg_from, cfg_to):
+            merged[key] = cfg_from[key].clone()
+        return merged
 
     def validate(self, *args: Any, **kwargs: Any) -> None:
         """jsonargparse's check of a parsed config, each value against itself: nothing is

@@ -204,6 +204,15 @@ def stacked_value(
     return value, cfg
 
 
+def restarted_classes(later: Namespace, earlier: Namespace) -> list[str]:
+    """The keys of the class values (``data``, ``model.student``...) that the config ``later``
+    gives with another class than ``earlier`` holds: jsonargparse merges a config into the
+    earlier ones key by key, which would keep the earlier class's settings that the later
+    value does not set; these are replaced whole instead (:func:`stacked_value`)."""
+    keys = [k for k in later.keys(branches=True) if _other_class(later.get(k), earlier.get(k))]
+    return [k for k in keys if not any(k.startswith(f"{o}.") for o in keys)]  # outermost
+
+
 def merged_mapping(value: Any, previous: Any) -> Any:
     """``value``, a mapping a config (or a whole-mapping flag) gives, merged into the
     ``previous`` one (an earlier config's) as a JSON merge patch (RFC 7396), at every depth:
@@ -238,14 +247,26 @@ def merged_mapping(value: Any, previous: Any) -> Any:
 
 
 def _other_class(value: Any, previous: Any) -> bool:
-    """Whether ``value`` is a class value (a mapping with ``class_path``) naming another class
-    than the class value ``previous`` (short and full names of one class are the same)."""
-    if not isinstance(value, dict) or "class_path" not in value:
+    """Whether ``value`` is a class value (a mapping with ``class_path``, or a class's dotted
+    path) naming another class than the class value ``previous`` that had settings (short and
+    full names of one class are the same)."""
+    given, earlier = _class_path(value), _class_path(previous)
+    if given is None or earlier is None or not isinstance(previous, (dict, Namespace)):
         return False
-    if not isinstance(previous, (dict, Namespace)) or not previous.get("class_path"):
+    if not previous.get("init_args"):  # nothing to keep or drop
         return False
-    given, earlier = str(value["class_path"]), str(previous["class_path"])
     return given != earlier and _imported(given) is not _imported(earlier)
+
+
+def _class_path(value: Any) -> str | None:
+    """The class path of a class value: a mapping's ``class_path``, or a string naming a
+    class; else ``None``."""
+    if isinstance(value, (dict, Namespace)):
+        found = value.get("class_path")
+        return str(found) if found else None
+    if isinstance(value, str) and inspect.isclass(_imported(value)):
+        return value
+    return None
 
 
 def _imported(class_path: str) -> Any:
@@ -258,13 +279,12 @@ def _imported(class_path: str) -> Any:
         return class_path
 
 
-def _say_restarted(key: str, earlier: Any, given: dict) -> None:
+def _say_restarted(key: str, earlier: Any, given: Any) -> None:
     """The line of the log for a class value that starts fresh (on standard error)."""
-    name = str(given["class_path"]).rsplit(".", 1)[-1]
+    old, new = _class_path(earlier), _class_path(given)
     rank_zero_info(
-        f"radio-lit: {key}: class_path {earlier['class_path']} -> {given['class_path']}: "
-        f"starts fresh, from the given init_args and {name}'s defaults (the earlier "
-        "init_args are dropped)"
+        f"radio-lit: {key}: class_path {old} -> {new}: starts fresh, from the given init_args "
+        f"and {str(new).rsplit('.', 1)[-1]}'s defaults (the earlier init_args are dropped)"
     )
 
 

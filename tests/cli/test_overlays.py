@@ -366,3 +366,23 @@ def test_a_misspelt_argument_names_its_entry_and_the_closest_one(
     error = capsys.readouterr().err.splitlines()
     assert error[0] == f"radio-lit: error: {line}"
     assert len(error) == 2 and error[1].startswith("(set RADIO_LIT_TRACEBACK=1"), error
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "radio_lit.data.SyntheticDataModule",
+        {"class_path": "radio_lit.data.SyntheticDataModule", "init_args": {"num_samples": 10}},
+    ],
+    ids=["by name", "with init_args"],
+)
+def test_a_class_option_given_another_class_starts_fresh(data, tmp_path, capsys) -> None:
+    """Not only a mapping's entry: ``data`` swapped for another data module keeps none of
+    the quickstart's ImageFolderDataModule settings (``crop_size: 128``, ``val_dir``) that
+    SyntheticDataModule also takes."""
+    given = data["init_args"] if isinstance(data, dict) else {}
+    printed = _resolved(tmp_path, capsys, {"data": data})["data"]
+    assert printed == {
+        "class_path": "radio_lit.data.SyntheticDataModule",
+        "init_args": {**_defaults("radio_lit.data.SyntheticDataModule"), **given},
+    }
