@@ -1,10 +1,13 @@
-"""Old import paths of modules that moved when the package was regrouped, kept working.
+"""Old import paths of modules and names that moved when the package was regrouped, kept working.
 
 Configs name classes by dotted path (``class_path: radio_lit.shifts.PatchShifts``), as do
 training checkpoints' saved hyperparameters and users' own code. Each old module name below
 imports the module that now holds the code: the same module object, so classes, functions
 and ``isinstance`` checks are identical whichever name is used. Importing an old name warns
-once (``DeprecationWarning``) with the new one.
+once (``DeprecationWarning``) with the new one. A name that moved out of a package that is
+still there (``radio_lit.export.export_hf``, now in :mod:`radio_lit.hf.folder`, a layer above
+``export``) is found by the package's ``__getattr__`` in :data:`MOVED_NAMES`
+(:func:`moved_name`), with the same warning.
 """
 
 from __future__ import annotations
@@ -43,6 +46,31 @@ MOVED: dict[str, str] = {
     "radio_lit.export.cli": "radio_lit.cli.export",
     "radio_lit.export.hf": "radio_lit.hf.folder",
 }
+
+#: old package -> {name -> the module that holds it now}: names that moved out of a package
+#: that still exists (the Hugging Face folder writer of the README of 0.1's first release).
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "radio_lit.export": {
+        "export_hf": "radio_lit.hf.folder",
+        "save_hf": "radio_lit.hf.folder",
+        "select_heads": "radio_lit.hf.folder",
+    },
+}
+
+
+def moved_name(package: str, name: str) -> object:
+    """``package.name`` where :data:`MOVED_NAMES` says it moved (one ``DeprecationWarning``
+    naming the new path); ``AttributeError`` as Python words it for any other name (what a
+    package's module-level ``__getattr__`` returns)."""
+    new = MOVED_NAMES.get(package, {}).get(name)
+    if new is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{package}.{name} moved to {new}.{name}; import it from there (the old name is an alias)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return getattr(importlib.import_module(new), name)
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):

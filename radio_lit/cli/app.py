@@ -34,12 +34,19 @@ from radio_lit.callbacks.schedule import ScheduleCheck
 from radio_lit.cli import class_parsers
 from radio_lit.cli.commands import overview
 from radio_lit.cli.contracts import check_contracts
-from radio_lit.cli.help import FULL_HELP, full_help_argv, short_help, wants_short_help
+from radio_lit.cli.help import (
+    FULL_HELP,
+    add_entry_helps,
+    full_help_argv,
+    short_help,
+    wants_short_help,
+)
 from radio_lit.cli.hub import HubProbe, unreachable_download
 from radio_lit.cli.overlays import (
-    mapping_option,
-    merged_mapping,
+    VALIDATING,
     overlay_error,
+    restarted_classes,
+    stacked_value,
     wrong_value_line,
 )
 from radio_lit.cli.results import evaluation_results, results_table
@@ -83,18 +90,33 @@ class _RunParser(LightningArgumentParser):
     def _check_value_key(
         self, action: Any, value: Any, key: str, cfg: Namespace | None, *args: Any, **kwargs: Any
     ) -> Any:
-        """A mapping keyed by name (``model.teachers``, ``model.partitions``,
-        ``model.feature_weights``...) that a later config gives is merged into the earlier
-        one's (:func:`radio_lit.cli.overlays.merged_mapping`), as a flag's entry is, rather
-        than replacing it. (A flag giving the whole mapping, ``--model.feature_weights
-        '{clip: 2.0}'``, is not checked here: it sets the mapping as given.) A config's
-        ``optimizer`` or ``lr_scheduler`` other than ``null`` is refused
-        (:mod:`radio_lit.cli.unused_options`)."""
+        """A later config's value stacked on the earlier ones'
+        (:func:`radio_lit.cli.overlays.stacked_value`): a mapping (``model.teachers``, a
+        teacher's ``model_kwargs``...) merged, a class whose ``class_path`` changes started
+        fresh. (A flag giving the whole mapping, ``--model.feature_weights '{clip: 2.0}'``, is
+        not checked here: it sets the mapping as given.) A config's ``optimizer`` or
+        ``lr_scheduler`` other than ``null`` is refused (:mod:`radio_lit.cli.unused_options`)."""
         if key in UNUSED and value is not None:  # a config's optimizer: / lr_scheduler:
             raise refusal(key)
-        if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
-            value = merged_mapping(value, cfg.get(key) if cfg is not None else None)
+        value, cfg = stacked_value(action, value, key, cfg)
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)
+
+    def merge_config(self, cfg_from: Namespace, cfg_to: Namespace) -> Namespace:
+        """A config merged into the earlier ones; a class value it gives with another class
+        replaces the earlier one whole (:func:`~radio_lit.cli.overlays.restarted_classes`)."""
+        merged = super().merge_config(cfg_from, cfg_to)
+        for key in restarted_classes(cfg_from, cfg_to):
+            merged[key] = cfg_from[key].clone()
+        return merged
+
+    def validate(self, *args: Any, **kwargs: Any) -> None:
+        """jsonargparse's check of a parsed config, each value against itself: nothing is
+        stacked (:data:`~radio_lit.cli.overlays.VALIDATING`)."""
+        token = VALIDATING.set(True)
+        try:
+            super().validate(*args, **kwargs)
+        finally:
+            VALIDATING.reset(token)
 
     def save(self, cfg: Namespace, path: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("skip_validation", True)
@@ -147,6 +169,13 @@ class RadioLitCLI(LightningCLI):
             **kwargs,  # type: ignore[arg-type]
         )
 
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """``--model.teachers.help CLASS``: a teacher class's arguments
+        (:func:`~radio_lit.cli.help.add_entry_helps`); the hidden ``optimizer`` and
+        ``lr_scheduler`` keys that a run's config.yaml written before holds (``null`` only)."""
+        add_entry_helps(parser)
+        add_null_keys(parser)
+
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse; an unknown option or class name gets the closest known one suggested, an
         overlay config given alone the full config to stack it on
@@ -166,9 +195,6 @@ class RadioLitCLI(LightningCLI):
                 raise ConfigError(known) from error
             options = {o for p in _parsers(parser) for a in p._actions for o in a.option_strings}
             raise ConfigError(with_suggestions(short_message(error), options)) from error
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        add_null_keys(parser)  # what a run's config.yaml written before holds: null only
 
     def _dump_config(self) -> None:
         """LightningCLI's dump of the parsed config for the module's and the data's

@@ -7,14 +7,22 @@ the few that set a distillation. :func:`short_help` prints the run's options (``
 data module, and the names of the ``--trainer.*`` options; ``--help-all`` prints LightningCLI's
 full help, and ``--model.student.help CLASS`` (``--data.help CLASS``, ...) one class's
 arguments, as before. Both are read from the parser the command builds, so an option added to
-``DistillationModule`` lists itself.
+``DistillationModule`` lists itself. A mapping of classes keyed by name (``model.teachers``)
+gets the same: ``--model.teachers.help radio_lit.teachers.RADIOTeacher`` lists the arguments a
+teacher of that class takes, as ``--model.teachers.NAME.init_args.ARG``
+(:func:`add_entry_helps`).
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
+import types
 from argparse import SUPPRESS, Action, ArgumentParser
+from collections.abc import Mapping
+from typing import Any, Union, get_args, get_origin
+
+from jsonargparse._actions import _ActionHelpClassPath
 
 from radio_lit.cli.commands import LIGHTNING_COMMANDS
 
@@ -41,6 +49,43 @@ def wants_short_help(argv: list[str]) -> bool:
 def full_help_argv(argv: list[str]) -> list[str]:
     """``argv`` with :data:`FULL_HELP` given to LightningCLI as its own ``--help``."""
     return ["--help" if a == FULL_HELP else a for a in argv]
+
+
+def add_entry_helps(parser: ArgumentParser) -> None:
+    """Add ``--KEY.help CLASS`` for each option of ``parser`` that is a mapping of classes
+    keyed by name (``model.teachers``: ``dict[str, BaseTeacher]``), as jsonargparse adds one
+    for a class option (``--model.student.help``); jsonargparse adds none for a mapping (it
+    takes ``help`` for the name of an entry)."""
+    for action in list(parser._actions):
+        entry = _entry_class(getattr(action, "_typehint", None))
+        option = f"--{action.dest}.help"
+        if entry is not None and option not in parser._option_string_actions:
+            parser.add_argument(option, action=_EntryHelp(typehint=entry))
+
+
+class _EntryHelp(_ActionHelpClassPath):
+    """``--model.teachers.help CLASS``: jsonargparse's class help, with each argument named as
+    an entry's (``--model.teachers.NAME.init_args.model``)."""
+
+    def print_help(self, call_args: Any) -> None:
+        mapping = self.dest.removesuffix(".help")
+        self.dest = f"{mapping}.NAME.init_args.help"  # jsonargparse names the arguments by it
+        try:
+            super().print_help(call_args)
+        finally:
+            self.dest = f"{mapping}.help"
+
+
+def _entry_class(typehint: Any) -> Any:
+    """``X`` of a ``dict[str, X]`` (optionally ``| None``) whose ``X`` is a class with
+    arguments (jsonargparse's class help takes it), else ``None``."""
+    if get_origin(typehint) in (Union, types.UnionType):
+        found = [_entry_class(t) for t in get_args(typehint) if t is not type(None)]
+        return next((t for t in found if t is not None), None)
+    origin, arguments = get_origin(typehint), get_args(typehint)
+    if not (isinstance(origin, type) and issubclass(origin, Mapping) and len(arguments) == 2):
+        return None
+    return arguments[1] if _ActionHelpClassPath.get_help_types(arguments[1]) else None
 
 
 def short_help(parser: ArgumentParser, command: str) -> str:

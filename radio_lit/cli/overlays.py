@@ -7,17 +7,29 @@ normalizer / loss / balancer) and ``callbacks/*.yaml`` (callbacks) set no ``data
 config to put before it: the one its own comments show (``radio-lit fit --config BASE --config
 OVERLAY``), else a ``base.yaml`` beside it (the ablation rows' layout), else a shipped one.
 
-A later config merges into the mappings keyed by name that an earlier one set
-(``model.teachers``, ``model.partitions``, the per-teacher options such as
-``model.feature_weights``, and any mapping inside a class's settings such as a teacher's
-``model_kwargs``), as a command-line flag ``--model.teachers.dino.init_args.…`` does:
-:func:`merged_mapping` keeps the entries the later config does not name, and an entry set to
-``null`` removes it (a JSON merge patch, RFC 7386). [choice] jsonargparse replaces a whole
-dict-typed value with each config that gives it; radio-lit's run parser merges instead.
+A later config merges into what the earlier ones set, by one rule for every mapping at every
+depth: the mappings keyed by name (``model.teachers``, ``model.partitions``, the per-teacher
+options such as ``model.feature_weights``) and any mapping inside a class's settings, typed or
+``dict[str, Any]`` (a teacher's ``model_kwargs``, OpenCLIP's ``model_cfg.vision_cfg``, SAM3's
+``model_kwargs.backbone_config``). :func:`merged_mapping` is a JSON merge patch (RFC 7396): the
+entries the later config does not name are kept, a mapping entry merges into the earlier one,
+any other value replaces it, and ``null`` removes an entry. [choice] Two departures, so that a
+merge never loses what a config says: ``null`` removes only what came before (an earlier
+config's entry); in a config's own values, where nothing came before (the first config, or a key
+no earlier config gave), ``null`` is the value ``None`` passed to the class; and a class value
+(``class_path`` / ``init_args``: a teacher, the data, a normalizer) whose ``class_path`` changes
+starts fresh, with only the later config's ``init_args`` and the new class's defaults
+(:func:`stacked_value`, :func:`restarted_classes`; jsonargparse would keep every earlier
+argument the new class also accepts), said in one line of the log. [choice] jsonargparse replaces a whole dict-typed value
+with each config that gives it and keeps a replaced class's arguments; radio-lit's run parser
+merges and starts fresh instead.
 """
 
 from __future__ import annotations
 
+import contextvars
+import importlib
+import inspect
 import re
 import types
 from collections.abc import Mapping, Sequence
@@ -25,9 +37,10 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import Namespace, _typehints
+from lightning.pytorch.utilities import rank_zero_info
 
-from radio_lit.core.errors import nested_value_error
+from radio_lit.core.errors import did_you_mean, nested_value_error, unaccepted_argument
 
 #: jsonargparse's message for a required section that no config or option gave.
 _REQUIRED = re.compile(r"Option '(\w+)\.([\w.]+)' is required but not provided")
@@ -72,18 +85,48 @@ def overlay_error(message: str, argv: Sequence[str]) -> str | None:
 def wrong_value_line(message: str, argv: Sequence[str]) -> str | None:
     """One line for a wrong value inside a class's settings
     (:func:`~radio_lit.core.errors.nested_value_error`): its full key, the value and what was
-    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``. A mapping's entry
+    expected, e.g. ``data.init_args.batch_size: expected int, got 'eight'``; or for an
+    argument the class does not take (:func:`~radio_lit.core.errors.unaccepted_argument`):
+    its full key and the closest argument it takes, e.g. ``model.teachers.dino.init_args.modl:
+    DINOv2Teacher takes no argument 'modl' (did you mean 'model'?)``. A mapping's entry
     (``model.teachers.<name>``) is named from the flag or the ``--config`` that set the value."""
+    unaccepted = unaccepted_argument(message)
+    if unaccepted is not None:
+        keys, argument, class_path = unaccepted
+        _name_entry(keys, argument.split("."), None, argv, class_path)
+        name = class_path.rsplit(".", 1)[-1]
+        hint = did_you_mean(argument, _arguments(class_path))
+        return f"{'.'.join([*keys, argument])}: {name} takes no argument {argument!r}{hint}"
     nested = nested_value_error(message)
     if nested is None:
         return None
     keys, reason, value, class_path = nested
-    if None in keys:
-        at = keys.index(None)
-        name = _entry_setting(keys[:at], keys[at + 2 :], value, argv)
-        keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+    _name_entry(keys, [], value, argv, class_path)
     got = "" if value is None else f", got {value!r}"
     return f"{'.'.join(keys)}: {reason}{got}"
+
+
+def _name_entry(
+    keys: list[Any], setting: list[str], value: str | None, argv: Sequence[str], class_path: Any
+) -> None:
+    """Put the entry's name in place of the ``None`` in ``keys`` (``model.teachers.<name>``):
+    the entry whose setting (the keys after the name, then ``setting``) a flag or config of
+    ``argv`` sets (to ``value``, when given)."""
+    if None not in keys:
+        return
+    at = keys.index(None)
+    name = _entry_setting(keys[:at], [*keys[at + 2 :], *setting], value, argv)
+    keys[at] = name or f"<the {str(class_path).rsplit('.', 1)[-1]} entry>"
+
+
+def _arguments(class_path: str) -> list[str]:
+    """The keyword arguments of the class ``class_path`` names (none when it does not import)."""
+    found = _imported(class_path)
+    try:
+        parameters = inspect.signature(found).parameters.values() if callable(found) else []
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _entry_setting(
@@ -120,20 +163,129 @@ def mapping_option(typehint: Any) -> bool:
     return isinstance(origin, type) and issubclass(origin, Mapping)
 
 
+#: Whether the parser is validating a parsed config (``ArgumentParser.validate``): each value is
+#: then checked against itself, not stacked on an earlier one.
+VALIDATING: contextvars.ContextVar[bool] = contextvars.ContextVar("validating", default=False)
+#: jsonargparse's flag for its pass that applies a parsed config onto itself to add the classes'
+#: defaults (``ActionTypeHint.add_sub_defaults``): nothing is stacked then either.
+_SUB_DEFAULTS: contextvars.ContextVar[bool] | None = getattr(_typehints, "sub_defaults", None)
+
+
+def stacked_value(
+    action: Any, value: Any, key: str, cfg: Namespace | None
+) -> tuple[Any, Namespace | None]:
+    """``value``, which a config gives for ``key``, stacked on what ``cfg`` (the earlier
+    configs, and the defaults) holds there: ``(value, cfg)`` to check it with.
+
+    - A mapping (:func:`mapping_option`) is :func:`merged_mapping` into the earlier one.
+    - A class value whose ``class_path`` is another class than the earlier one's (an entry of
+      a mapping of classes, ``model.teachers.dino``, or a class option, ``data``) starts
+      fresh: ``cfg`` is returned without the earlier value, so that jsonargparse merges the
+      given ``init_args`` into the new class's defaults only; one line says so.
+
+    Anything else is returned as it is, and every value while the parser checks a parsed
+    config against itself (:data:`VALIDATING`, jsonargparse's pass that adds the defaults)."""
+    if cfg is None or VALIDATING.get() or (_SUB_DEFAULTS is not None and _SUB_DEFAULTS.get()):
+        return value, cfg
+    previous = cfg.get(key)
+    if isinstance(value, dict) and mapping_option(getattr(action, "_typehint", None)):
+        value = merged_mapping(value, previous)
+        earlier = previous if isinstance(previous, dict) else {}
+        restarted = [n for n, entry in value.items() if _other_class(entry, earlier.get(n))]
+        for name in restarted:
+            _say_restarted(f"{key}.{name}", earlier[name], value[name])
+        if restarted:
+            cfg = cfg.clone()
+            cfg[key] = {n: entry for n, entry in earlier.items() if n not in restarted}
+    elif _other_class(value, previous):
+        _say_restarted(key, previous, value)
+        cfg = cfg.clone()
+        cfg[key] = None
+    return value, cfg
+
+
+def restarted_classes(later: Namespace, earlier: Namespace) -> list[str]:
+    """The keys of the class values (``data``, ``model.student``...) that the config ``later``
+    gives with another class than ``earlier`` holds: jsonargparse merges a config into the
+    earlier ones key by key, which would keep the earlier class's settings that the later
+    value does not set; these are replaced whole instead (:func:`stacked_value`)."""
+    keys = [k for k in later.keys(branches=True) if _other_class(later.get(k), earlier.get(k))]
+    return [k for k in keys if not any(k.startswith(f"{o}.") for o in keys)]  # outermost
+
+
 def merged_mapping(value: Any, previous: Any) -> Any:
     """``value``, a mapping a config (or a whole-mapping flag) gives, merged into the
-    ``previous`` one (an earlier config's): entries of ``previous`` it does not name are kept,
-    the ones it names are its own (merged further by jsonargparse, as a flag's are), and an
-    entry set to ``None`` is removed. Anything else is returned as it is."""
+    ``previous`` one (an earlier config's) as a JSON merge patch (RFC 7396), at every depth:
+    entries of ``previous`` it does not name are kept; an entry that is a mapping where
+    ``previous`` has a mapping is merged into it; a class value (``class_path`` /
+    ``init_args``) is its own (jsonargparse merges its ``init_args`` into the earlier
+    entry's, as a flag's); any other entry replaces the earlier one. An entry set to ``None``
+    removes the earlier entry, and where ``previous`` has none is kept as ``None`` (the value
+    a config gives a keyword argument). Anything else is returned as it is.
+
+    >>> merged_mapping({"vision_cfg": {"layers": 3}, "quick_gelu": None, "init_logit_bias": None},
+    ...                {"quick_gelu": True, "vision_cfg": {"layers": 2, "width": 64}})
+    {'vision_cfg': {'layers': 3, 'width': 64}, 'init_logit_bias': None}
+    """
     if not isinstance(value, dict) or isinstance(value, Namespace):
         return value
-    merged = dict(previous) if isinstance(previous, dict) else {}
+    if not isinstance(previous, dict):
+        return value
+    merged = dict(previous)
     for key, entry in value.items():
-        if entry is None:
-            merged.pop(key, None)
+        if entry is None and key in merged:
+            merged.pop(key)
+        elif (
+            isinstance(entry, dict)
+            and isinstance(merged.get(key), dict)
+            and not _other_class(entry, merged[key])
+        ):
+            merged[key] = merged_mapping(entry, merged[key])
         else:
             merged[key] = entry
     return merged
+
+
+def _other_class(value: Any, previous: Any) -> bool:
+    """Whether ``value`` is a class value (a mapping with ``class_path``, or a class's dotted
+    path) naming another class than the class value ``previous`` that had settings (short and
+    full names of one class are the same)."""
+    given, earlier = _class_path(value), _class_path(previous)
+    if given is None or earlier is None or not isinstance(previous, (dict, Namespace)):
+        return False
+    if not previous.get("init_args"):  # nothing to keep or drop
+        return False
+    return given != earlier and _imported(given) is not _imported(earlier)
+
+
+def _class_path(value: Any) -> str | None:
+    """The class path of a class value: a mapping's ``class_path``, or a string naming a
+    class; else ``None``."""
+    if isinstance(value, (dict, Namespace)):
+        found = value.get("class_path")
+        return str(found) if found else None
+    if isinstance(value, str) and inspect.isclass(_imported(value)):
+        return value
+    return None
+
+
+def _imported(class_path: str) -> Any:
+    """The object ``class_path`` names, else the string itself (a name jsonargparse resolves
+    by its last part, or one that does not import: jsonargparse reports it)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else class_path
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+
+
+def _say_restarted(key: str, earlier: Any, given: Any) -> None:
+    """The line of the log for a class value that starts fresh (on standard error)."""
+    old, new = _class_path(earlier), _class_path(given)
+    rank_zero_info(
+        f"radio-lit: {key}: class_path {old} -> {new}: starts fresh, from the given init_args "
+        f"and {str(new).rsplit('.', 1)[-1]}'s defaults (the earlier init_args are dropped)"
+    )
 
 
 def _load(path: Path) -> dict:

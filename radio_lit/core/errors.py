@@ -153,26 +153,10 @@ def nested_value_error(message: str) -> tuple[list[str], str, str | None, str | 
     name stands (``model.teachers.<name>``: the report does not say which) and ``class_path``
     the class whose setting it is. ``None`` when ``message`` is no such report."""
     lines = message.splitlines()
-    chain: list[tuple[int, str]] = []  # (indent, key or class path), outermost first
-    for line in lines:
-        found = _KEY_LINE.match(line) or _CLASS_LINE.match(line)
-        if found is None:
-            continue
-        indent = len(found.group(1))
-        while chain and chain[-1][0] >= indent:
-            chain.pop()
-        chain.append((indent, ("class:" if found.re is _CLASS_LINE else "") + found.group(2)))
+    chain = _chain(lines)
     if len(chain) < 3 or chain[-1][1].startswith("class:"):
         return None
-    keys: list[str | None] = []
-    class_path = None
-    for _, part in chain:
-        if part.startswith("class:"):
-            class_path = part.removeprefix("class:")
-            # a class given directly (data) or as one entry of a mapping (model.teachers.dino)
-            keys.extend([None, "init_args"] if keys and keys[-1] in _MAPPINGS else ["init_args"])
-        else:
-            keys.extend(part.split("."))
+    keys, class_path = _chain_keys(chain)
     deepest = max(i for i, line in enumerate(lines) if _KEY_LINE.match(line))
     indent = chain[-1][0]
     reasons, value = [], None
@@ -200,6 +184,58 @@ def nested_value_error(message: str) -> tuple[list[str], str, str | None, str | 
 
 #: The mappings of classes keyed by name, whose entry a nested report does not name.
 _MAPPINGS = ("teachers", "partitions", "normalizer_overrides", "grid_policy_overrides")
+
+#: jsonargparse's line for an argument that a class does not take.
+_UNACCEPTED = re.compile(r"^(\s*)(?:- )?Option '([\w.]+)' is not accepted\s*$")
+
+
+def unaccepted_argument(message: str) -> tuple[list[str | None], str, str] | None:
+    """An argument a class does not take, from jsonargparse's nested report (``Parser key
+    "model.teachers": Problem with given class_path 'radio_lit.teachers.DINOv2Teacher':
+    Option 'modl' is not accepted``): ``(keys, argument, class_path)``, the keys of the
+    class's ``init_args`` from the outermost (``["model", "teachers", None, "init_args"]``,
+    ``None`` where a mapping's entry name stands, as in :func:`nested_value_error`).
+    ``None`` when ``message`` is no such report."""
+    lines = message.splitlines()
+    at = next((i for i, line in enumerate(lines) if _UNACCEPTED.match(line)), None)
+    if at is None:
+        return None
+    indent = len(_UNACCEPTED.match(lines[at]).group(1))  # type: ignore[union-attr]
+    chain = [link for link in _chain(lines[:at]) if link[0] < indent]
+    if not chain or not chain[-1][1].startswith("class:"):
+        return None
+    keys, class_path = _chain_keys(chain)
+    return keys, _UNACCEPTED.match(lines[at]).group(2), str(class_path)  # type: ignore[union-attr]
+
+
+def _chain(lines: list[str]) -> list[tuple[int, str]]:
+    """The keys and class paths of jsonargparse's nested report that lead to its last line:
+    ``(indent, key)`` or ``(indent, "class:" + class path)``, outermost first."""
+    chain: list[tuple[int, str]] = []
+    for line in lines:
+        found = _KEY_LINE.match(line) or _CLASS_LINE.match(line)
+        if found is None:
+            continue
+        indent = len(found.group(1))
+        while chain and chain[-1][0] >= indent:
+            chain.pop()
+        chain.append((indent, ("class:" if found.re is _CLASS_LINE else "") + found.group(2)))
+    return chain
+
+
+def _chain_keys(chain: list[tuple[int, str]]) -> tuple[list[str | None], str | None]:
+    """The config keys of a :func:`_chain` (a class's ``init_args``; ``None`` for a mapping's
+    entry name) and the innermost class path."""
+    keys: list[str | None] = []
+    class_path = None
+    for _, part in chain:
+        if part.startswith("class:"):
+            class_path = part.removeprefix("class:")
+            # a class given directly (data) or as one entry of a mapping (model.teachers.dino)
+            keys.extend([None, "init_args"] if keys and keys[-1] in _MAPPINGS else ["init_args"])
+        else:
+            keys.extend(part.split("."))
+    return keys, class_path
 
 
 def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:

@@ -19,8 +19,15 @@
   map of both directions (:mod:`radio_lit.export.layout`); imported heads composed with the
   run's normalizers once fitted (:class:`ImportedHeads`); :class:`PublishedStudent`, a
   student of the source's architecture read from the source.
+
+``radio_lit.export.export_hf``, ``save_hf`` and ``select_heads`` (the Hugging Face folder, now
+:mod:`radio_lit.hf.folder`, above this layer) still resolve, as aliases
+(:data:`radio_lit._aliases.MOVED_NAMES`).
 """
 
+from typing import Any
+
+from radio_lit._aliases import moved_name
 from radio_lit.export.card import model_card
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.export.convert import (
@@ -72,3 +79,8 @@ __all__ = [
     "save_safetensors",
     "save_timm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # names that moved out of this package (radio_lit._aliases.MOVED_NAMES)
+    return moved_name(__name__, name)

@@ -93,3 +93,24 @@ def test_fit_help_leads_with_radio_lits_options_and_help_all_has_lightnings(caps
     assert len(full.splitlines()) > 1000
     assert "--trainer.max_steps MAX_STEPS" in full and "--model.fsdp2.layout" in full
     assert _help(["validate", "--help"], capsys).startswith("usage: radio-lit validate")
+
+
+@pytest.mark.parametrize("name", ["radio_lit.teachers.RADIOTeacher", "DINOv3Teacher"])
+def test_a_teacher_class_lists_its_arguments_as_an_entrys(name, capsys) -> None:
+    """``radio-lit fit --model.teachers.help CLASS`` (a full path or the class's name) lists
+    every argument the teacher class takes, as the flag that sets it for one teacher (was:
+    "Option 'model' is required", the class taken for a teacher named ``help``); with a
+    config too."""
+    from radio_lit import teachers
+
+    cls = getattr(teachers, name.rsplit(".", 1)[-1])
+    for config in ([], ["--config", "configs/quickstart.yaml"]):
+        shown = _help(["fit", *config, "--model.teachers.help", name], capsys)
+        assert f"Help for --model.teachers.help=radio_lit.teachers.{cls.__name__}" in shown
+        arguments = set(inspect.signature(cls).parameters)
+        listed = set(re.findall(r"--model\.teachers\.NAME\.init_args\.(\w+)", shown))
+        assert listed == arguments, arguments ^ listed
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["fit", "--model.teachers.help", "radio_lit.normalizers.PhiS"])
+    assert refused.value.code == 2
+    assert "is not a subclass of Teacher" in capsys.readouterr().err

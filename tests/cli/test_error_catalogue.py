@@ -328,6 +328,14 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["cache", "--config", QUICKSTART, "--out", "{tmp}/cache", "--dtyp", "float16"],
         ["radio-lit cache", "--dtyp", "did you mean '--dtype'"],
     ),
+    "a misspelt argument of a teacher": (
+        [*FIT, "--model.teachers.dino.init_args.modl", "vit_small_patch14_dinov2"],
+        [
+            "model.teachers.dino.init_args.modl:",
+            "DINOv2Teacher takes no argument 'modl'",
+            "did you mean 'model'",
+        ],
+    ),
     "ablate with a misspelt option": (
         ["ablate", "--row-se", "c-radio"],
         ["radio-lit ablate", "--row-se", "did you mean '--row-set'"],

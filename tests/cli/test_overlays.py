@@ -164,3 +164,225 @@ def test_an_overlay_adding_a_teacher_trains_four(tmp_path) -> None:
     assert all(torch.isfinite(logged[k]) for k in losses)
     saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())
     assert list(saved["model"]["teachers"]) == ["clip", "dino", "sam", "vit"]
+
+
+def _defaults(class_path: str) -> dict:
+    """A teacher class's keyword defaults, read from its signature."""
+    import importlib
+    import inspect
+
+    module, name = class_path.rsplit(".", 1)
+    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    return {p.name: p.default for p in parameters.values() if p.default is not p.empty}
+
+
+@pytest.mark.parametrize(
+    "init_args",
+    [
+        {"model": "vit_small_patch16_dinov3"},  # DINOv3Teacher, the issue's try
+        {"model": "vit_tiny_patch16_224", "pretrained": False, "model_kwargs": {"depth": 1}},
+    ],
+    ids=["DINOv3Teacher", "TimmTeacher"],
+)
+def test_an_entry_whose_class_path_changes_starts_fresh(init_args, tmp_path, capsys) -> None:
+    """Only the overlay's init_args and the new class's defaults: none of quickstart's
+    DINOv2 settings (``pretrained: false``, ``model_kwargs`` depth 2, width 48, img_size 56)
+    that the new class also accepts; one line of the log says so."""
+    class_path = (
+        "radio_lit.teachers.DINOv3Teacher"
+        if init_args["model"].endswith("dinov3")
+        else "radio_lit.teachers.TimmTeacher"
+    )
+    overlay = {"model": {"teachers": {"dino": {"class_path": class_path, "init_args": init_args}}}}
+    teachers = _resolved(tmp_path, capsys, overlay)["model"]["teachers"]
+    assert teachers["dino"] == {
+        "class_path": class_path,
+        "init_args": {**_defaults(class_path), **init_args},
+    }
+    assert teachers["clip"]["init_args"]["model_cfg"]["embed_dim"] == 32  # the others kept
+
+
+def test_a_class_path_change_is_one_line_of_the_log(tmp_path) -> None:
+    """Through the real command: one line on standard error, the printed config intact."""
+    import os
+    import subprocess
+    import sys
+
+    overlay = tmp_path / "d3.yaml"
+    swap = {"class_path": "radio_lit.teachers.DINOv3Teacher", "init_args": {"model": "m"}}
+    overlay.write_text(yaml.safe_dump({"model": {"teachers": {"dino": swap}}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "radio_lit", "fit", "--config", QUICKSTART]
+        + ["--config", str(overlay), "--print_config"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "starts fresh" in line]
+    assert said == [
+        "radio-lit: model.teachers.dino: class_path radio_lit.teachers.DINOv2Teacher -> "
+        "radio_lit.teachers.DINOv3Teacher: starts fresh, from the given init_args and "
+        "DINOv3Teacher's defaults (the earlier init_args are dropped)"
+    ]
+    dino = yaml.safe_load(done.stdout)["model"]["teachers"]["dino"]
+    assert dino["init_args"]["model"] == "m" and dino["init_args"]["model_kwargs"] is None
+
+
+def test_a_class_value_merges_while_its_class_path_stays(tmp_path, capsys) -> None:
+    """The same class named again (by its full path) merges its init_args as before."""
+    overlay = {
+        "model": {
+            "teachers": {
+                "dino": {
+                    "class_path": "radio_lit.teachers.DINOv2Teacher",
+                    "init_args": {"resolution": 42},
+                }
+            }
+        }
+    }
+    dino = _resolved(tmp_path, capsys, overlay)["model"]["teachers"]["dino"]["init_args"]
+    assert dino["resolution"] == 42 and dino["pretrained"] is False
+    assert dino["model_kwargs"] == {"depth": 2, "embed_dim": 48, "num_heads": 2, "img_size": 56}
+
+
+def test_a_mapping_inside_a_dict_setting_merges_at_every_depth(tmp_path, capsys) -> None:
+    """``clip.model_cfg.vision_cfg: {layers: 3}`` changes one key of the quickstart's
+    vision_cfg (a ``dict[str, Any]`` inside a ``dict[str, Any]``): the teacher built from the
+    printed config is the quickstart's tiny CLIP with a third layer, not open_clip's default
+    vision tower (width 768 at 224 px: 23.6 M parameters instead of 1.8 M)."""
+    from radio_lit.teachers import OpenCLIPTeacher
+
+    vision_cfg = {"model_cfg": {"vision_cfg": {"layers": 3}}}
+    overlay = {"model": {"teachers": {"clip": {"init_args": vision_cfg}}}}
+    clip = _resolved(tmp_path, capsys, overlay)["model"]["teachers"]["clip"]
+    vision = clip["init_args"]["model_cfg"]["vision_cfg"]
+    assert vision == {
+        "image_size": 56,
+        "layers": 3,
+        "width": 64,
+        "head_width": 32,
+        "patch_size": 14,
+    }
+    assert clip["init_args"]["model_cfg"]["text_cfg"]["vocab_size"] == 49408
+    teacher = OpenCLIPTeacher(**clip["init_args"])
+    parameters = sum(p.numel() for p in teacher.parameters())
+    assert 1.5e6 < parameters < 2.5e6, parameters
+
+
+def test_a_nested_model_kwargs_mapping_merges(tmp_path, capsys) -> None:
+    """SAM3's ``model_kwargs.backbone_config``: a later config changes one key of it."""
+    current = str(ROOT / "configs" / "quickstart-current.yaml")
+    overlay = tmp_path / "sam3.yaml"
+    change = {"model_kwargs": {"backbone_config": {"num_hidden_layers": 1}}}
+    overlay.write_text(yaml.safe_dump({"model": {"teachers": {"sam3": {"init_args": change}}}}))
+    from radio_lit.cli.app import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", current, "--config", str(overlay), "--print_config"])
+    sam3 = yaml.safe_load(capsys.readouterr().out)["model"]["teachers"]["sam3"]["init_args"]
+    shipped = yaml.safe_load(Path(current).read_text())["model"]["teachers"]["sam3"]["init_args"]
+    expected = shipped["model_kwargs"]
+    expected["backbone_config"]["num_hidden_layers"] = 1
+    assert sam3["model_kwargs"] == expected
+
+
+def test_null_is_a_value_in_a_config_and_removes_in_a_later_one(tmp_path, capsys) -> None:
+    """In a config's own values (the first config, or a key no earlier config gave) ``null``
+    is the keyword argument ``None``; a later config's ``null`` removes the earlier entry."""
+    first = yaml.safe_load(Path(QUICKSTART).read_text())
+    kwargs = first["model"]["teachers"]["dino"]["init_args"]["model_kwargs"]
+    kwargs["global_pool"] = None  # given as None in the first config: passed as None
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(first))
+    later = {"init_args": {"model_kwargs": {"depth": None, "class_token": None}}}
+    overlay = tmp_path / "later.yaml"
+    overlay.write_text(yaml.safe_dump({"model": {"teachers": {"dino": later}}}))
+    from radio_lit.cli.app import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(base), "--print_config"])
+    dino = yaml.safe_load(capsys.readouterr().out)["model"]["teachers"]["dino"]["init_args"]
+    assert dino["model_kwargs"] == {**kwargs, "global_pool": None}
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(base), "--config", str(overlay), "--print_config"])
+    dino = yaml.safe_load(capsys.readouterr().out)["model"]["teachers"]["dino"]["init_args"]
+    expected = {k: v for k, v in kwargs.items() if k != "depth"}
+    assert dino["model_kwargs"] == {**expected, "class_token": None}
+
+
+def test_merged_mapping_is_a_merge_patch_at_every_depth() -> None:
+    from radio_lit.cli.overlays import merged_mapping
+
+    earlier = {"a": 1, "b": {"c": 2, "d": {"e": 3, "f": 4}}, "g": [1, 2], "h": 5}
+    patch = {"b": {"d": {"e": None, "x": 9}}, "g": [3], "h": None, "new": None}
+    assert merged_mapping(patch, earlier) == {
+        "a": 1,
+        "b": {"c": 2, "d": {"f": 4, "x": 9}},
+        "g": [3],  # a list is replaced
+        "new": None,  # nothing came before: the value None
+    }
+    assert earlier["b"]["d"] == {"e": 3, "f": 4}  # not changed in place
+    assert merged_mapping({"k": None}, None) == {"k": None}  # a first config's null
+
+
+#: The one line for a misspelt argument of a teacher (of the data).
+_MODL = "model.teachers.dino.init_args.modl: DINOv2Teacher takes no argument 'modl' (did you mean"
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (["--model.teachers.dino.init_args.modl", "x"], f"{_MODL} 'model'?)"),
+        ({"model": {"teachers": {"dino": {"init_args": {"modl": "x"}}}}}, f"{_MODL} 'model'?)"),
+        (
+            {"model": {"teachers": {"vit": {**FOURTH, "init_args": {"modl": "x"}}}}},
+            f"{_MODL.replace('dino', 'vit').replace('DINOv2', 'Timm')} 'model'?)",
+        ),
+        (
+            {"data": {"init_args": {"batch_sise": 4}}},
+            "data.init_args.batch_sise: ImageFolderDataModule takes no argument 'batch_sise' "
+            "(did you mean 'batch_size'?)",
+        ),
+    ],
+    ids=["flag", "config", "a new entry", "data"],
+)
+def test_a_misspelt_argument_names_its_entry_and_the_closest_one(
+    given, line, tmp_path, capsys
+) -> None:
+    """Through the command: one line naming the entry and the argument it takes, exit 2."""
+    from radio_lit.cli.app import main
+
+    if isinstance(given, dict):
+        path = tmp_path / "typo.yaml"
+        path.write_text(yaml.safe_dump(given))
+        given = ["--config", str(path)]
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", QUICKSTART, *given, "--print_config"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0] == f"radio-lit: error: {line}"
+    assert len(error) == 2 and error[1].startswith("(set RADIO_LIT_TRACEBACK=1"), error
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "radio_lit.data.SyntheticDataModule",
+        {"class_path": "radio_lit.data.SyntheticDataModule", "init_args": {"num_samples": 10}},
+    ],
+    ids=["by name", "with init_args"],
+)
+def test_a_class_option_given_another_class_starts_fresh(data, tmp_path, capsys) -> None:
+    """Not only a mapping's entry: ``data`` swapped for another data module keeps none of
+    the quickstart's ImageFolderDataModule settings (``crop_size: 128``, ``val_dir``) that
+    SyntheticDataModule also takes."""
+    given = data["init_args"] if isinstance(data, dict) else {}
+    printed = _resolved(tmp_path, capsys, {"data": data})["data"]
+    assert printed == {
+        "class_path": "radio_lit.data.SyntheticDataModule",
+        "init_args": {**_defaults("radio_lit.data.SyntheticDataModule"), **given},
+    }
