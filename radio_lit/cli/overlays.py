@@ -20,9 +20,9 @@ no earlier config gave), ``null`` is the value ``None`` passed to the class; and
 (``class_path`` / ``init_args``: a teacher, the data, a normalizer) whose ``class_path`` changes
 starts fresh, with only the later config's ``init_args`` and the new class's defaults
 (:func:`stacked_value`, :func:`restarted_classes`; jsonargparse would keep every earlier
-argument the new class also accepts), said in one line of the log. [choice] jsonargparse replaces a whole dict-typed value
-with each config that gives it and keeps a replaced class's arguments; radio-lit's run parser
-merges and starts fresh instead.
+argument the new class also accepts), said in one line of the log. [choice] jsonargparse
+replaces a whole dict-typed value with each config that gives it and keeps a replaced class's
+arguments; radio-lit's run parser merges and starts fresh instead.
 """
 
 from __future__ import annotations
