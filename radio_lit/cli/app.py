@@ -51,7 +51,7 @@ from radio_lit.cli.overlays import (
 )
 from radio_lit.cli.results import evaluation_results, results_table
 from radio_lit.cli.runs import RunFolderState, check_checkpoint_dir, name_run, prepare_fit
-from radio_lit.cli.unused_options import UNUSED, add_null_keys, refusal, refuse_given
+from radio_lit.cli.unused_options import add_null_keys, is_unused, refusal, refuse_given
 from radio_lit.core.errors import (
     BuildInterrupted,
     ConfigError,
@@ -96,7 +96,7 @@ class _RunParser(LightningArgumentParser):
         fresh. (A flag giving the whole mapping, ``--model.feature_weights '{clip: 2.0}'``, is
         not checked here: it sets the mapping as given.) A config's ``optimizer`` or
         ``lr_scheduler`` other than ``null`` is refused (:mod:`radio_lit.cli.unused_options`)."""
-        if key in UNUSED and value is not None:  # a config's optimizer: / lr_scheduler:
+        if is_unused(action) and value is not None:  # a config's optimizer: / lr_scheduler:
             raise refusal(key)
         value, cfg = stacked_value(action, value, key, cfg)
         return super()._check_value_key(action, value, key, cfg, *args, **kwargs)

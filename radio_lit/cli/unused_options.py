@@ -40,7 +40,13 @@ def add_null_keys(parser: Any) -> None:
     """Hidden ``--optimizer`` / ``--lr_scheduler`` that accept only ``null`` (old
     ``config.yaml`` files hold them)."""
     for key in UNUSED:
-        parser.add_argument(f"--{key}", type=Any, default=None, help=SUPPRESS)
+        action = parser.add_argument(f"--{key}", type=Any, default=None, help=SUPPRESS)
+        action.unused_option = True  # not a class's own ``optimizer`` (FeatSharpModule's)
+
+
+def is_unused(action: Any) -> bool:
+    """Whether ``action`` is one of the hidden keys :func:`add_null_keys` added."""
+    return getattr(action, "unused_option", False)
 
 
 def refusal(key: str) -> ConfigError:
