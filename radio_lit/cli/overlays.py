@@ -283,7 +283,7 @@ def _say_restarted(key: str, earlier: Any, given: Any) -> None:
     """The line of the log for a class value that starts fresh (on standard error)."""
     old, new = _class_path(earlier), _class_path(given)
     rank_zero_info(
-        f"radio-lit: {key}: class_path {old} -> {new}: starts fresh, from the given init_args "
+        f"config: {key}: class_path {old} -> {new}: starts fresh, from the given init_args "
         f"and {str(new).rsplit('.', 1)[-1]}'s defaults (the earlier init_args are dropped)"
     )
 

@@ -224,7 +224,7 @@ def test_a_class_path_change_is_one_line_of_the_log(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "starts fresh" in line]
     assert said == [
-        "radio-lit: model.teachers.dino: class_path radio_lit.teachers.DINOv2Teacher -> "
+        "config: model.teachers.dino: class_path radio_lit.teachers.DINOv2Teacher -> "
         "radio_lit.teachers.DINOv3Teacher: starts fresh, from the given init_args and "
         "DINOv3Teacher's defaults (the earlier init_args are dropped)"
     ]
