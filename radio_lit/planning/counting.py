@@ -142,6 +142,17 @@ def _fused(
 
 
 @contextlib.contextmanager
+def _no_fast_path() -> Iterator[None]:
+    """torch's ``nn.MultiheadAttention`` fast path off (its fused kernel counts no FLOPs)."""
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+
+
+@contextlib.contextmanager
 def fused_attention(device: str = "cuda") -> Iterator[None]:
     """``F.scaled_dot_product_attention`` as PyTorch's CUDA composite runs it on an H100
     (flash attention without a mask, memory-efficient attention with one, after ``device``'s
@@ -149,13 +160,8 @@ def fused_attention(device: str = "cuda") -> Iterator[None]:
     without a GPU its backend selection falls back to the math path, which upcasts bf16 to
     float32 and materialises the scores. (Patched on ``torch.nn.functional``, where libraries
     look it up at each call; torch's ``nn.MultiheadAttention`` fast path is off meanwhile.)"""
-    fast = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with mock.patch.object(F, "scaled_dot_product_attention", _fused(device)):
-            yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fast)
+    with _no_fast_path(), mock.patch.object(F, "scaled_dot_product_attention", _fused(device)):
+        yield
 
 
 def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
@@ -212,8 +218,9 @@ def _parts(module: Any) -> Iterator[tuple[str, nn.Module]]:
         if isinstance(upsampler, nn.Module):
             yield f"upsampler {name}", upsampler
     yield "student forward", module.student
-    for name, head in module.heads.items():
-        yield f"head {name}", head
+    for name, head in module.heads.items():  # matching calls a head's parts, not the head
+        for part in head.children():
+            yield f"head {name}", part
     if getattr(module, "ema", None) is not None:
         yield "EMA student", module.ema
 
@@ -259,6 +266,7 @@ def count_step(
     world_size: int = 1,
     rank: int = 0,
     device: str = "cpu",
+    gpu_attention: bool = True,
 ) -> StepCount:
     """One training step of global rank ``rank`` of ``world_size`` on fake tensors.
 
@@ -270,6 +278,8 @@ def count_step(
         world_size, rank: where the partitions are placed (:meth:`PartitionPlan.place`).
         device: the fake tensors' device (``"cpu"``: torch's autograd engine needs a real
             device context for CUDA tensors, fake ones included).
+        gpu_attention: attention as a GPU runs it (:func:`fused_attention`); ``False``: as
+            ``device`` does (a check against a real step there).
 
     Each partition with several resolutions runs at its largest [choice: the step that sets
     the peak memory and the longest one; a run draws one per step]. Statistics are taken as
@@ -285,7 +295,7 @@ def count_step(
     }
     for statistics in module.teacher_statistics().values():
         for normalizer in statistics.values():
-            normalizer._set_fitted(True)
+            normalizer._is_fitted = True  # the host flag every statistic reads
     module.estimate_statistics = module.refit_statistics = False
     module.train()
     for teacher in module.teachers.values():
@@ -302,15 +312,16 @@ def count_step(
         seen.update({c.partition: c for c in made})
         return made
 
+    with mode:  # the step's tensors follow from the fake batch and weights; the host's stay real
+        pixels = torch.empty(batch, 3, crop_size, crop_size, dtype=torch.uint8, device=device)
     with (
-        mode,
         mock.patch.object(plan, "_draw", lambda name: largest[name]),
         mock.patch.object(plan, "chunks", chunks),
         _labelled(module, counter, outputs),
-        fused_attention(device),
+        fused_attention(device) if gpu_attention else _no_fast_path(),
         counter,
     ):
-        pixels = torch.empty(batch, 3, crop_size, crop_size, dtype=torch.uint8, device=device)
+        counter.track(pixels)
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
         with precision, spectral_step(module.student):
             loss = module._shared_step(pixels, "train")

@@ -349,7 +349,7 @@ def recipe_total(stages: Sequence[StagePlan]) -> dict[str, float | None]:
 
 
 def _fmt_parts(flops: Mapping[str, float]) -> str:
-    return ", ".join(f"{p} {f / 1e9:,.0f}" for p, f in flops.items() if f)
+    return ", ".join(f"{p} {f / 1e9:,.1f}" for p, f in flops.items() if f)
 
 
 def table(stage: StagePlan) -> str:
