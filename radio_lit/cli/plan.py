@@ -1,4 +1,5 @@
-"""``radio-lit plan``: what a run costs at N GPUs (memory per rank, step time, images/s, GPU-hours, cache disk), counted on fake tensors.
+"""``radio-lit plan``: what a run costs at N GPUs (memory per rank, step time, images/s,
+GPU-hours, cache disk), counted on fake tensors.
 
     radio-lit plan --config configs/recipes/c-radio/stage1.yaml --gpus 64 --gpu h100
     radio-lit plan --config configs/stage1.yaml --gpus 1 --gpu h200 --json
