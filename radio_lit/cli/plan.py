@@ -16,7 +16,6 @@ Any other ``--section.key value`` option is applied to the config, as for ``radi
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +49,9 @@ def _parser() -> CommandParser:
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--config", action="append", help="the run's config(s), as for fit")
     given.add_argument("--stages", nargs="+", help="a recipe's stage configs, in order")
-    parser.add_argument("--gpus", type=int, default=None, help="default: devices x num_nodes")
+    parser.add_argument(
+        "--gpus", type=int, nargs="+", default=None, help="GPU count(s); default: devices x nodes"
+    )
     parser.add_argument("--gpu", default="h100", help="h100, h200, a100, b200 or a YAML file")
     parser.add_argument("--json", action="store_true", help="the same figures as JSON")
     parser.add_argument("--teacher-depth", type=int, default=None, help="teachers of K blocks")
@@ -64,27 +65,33 @@ def main(argv: Sequence[str]) -> None:
     parser = _parser()
     args, overrides = parser.parse_with_overrides(argv)
     gpu, fit = device(args.gpu), calibration()
-    if args.gpus is not None and args.gpus < 1:
-        parser.error(f"--gpus must be a positive number of GPUs, got {args.gpus}")
+    if args.gpus is not None and min(args.gpus) < 1:
+        parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
     stages = [[c] for c in args.stages] if args.stages else [args.config]
     for files in stages:
         for config in files:
             if not Path(config).is_file():
                 parser.error(f"--config {config}: no such config file")
-    plans = [_plan(files, overrides, args, gpu, fit) for files in stages]
-    total = recipe_total(plans) if len(plans) > 1 else None
+    counts = args.gpus or [None]
+    plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]  # [stage][N]
+    by_count = list(zip(*plans, strict=True))  # [N][stage]
+    totals = [recipe_total(p) if len(stages) > 1 else None for p in by_count]
     if args.json:
-        out: Any = [p.as_dict() for p in plans] if args.stages else plans[0].as_dict()
-        if total is not None:
-            out = {"stages": out, "total": total}
-        print(json.dumps(out, indent=2))
+        out: list[Any] = []
+        for recipe, total in zip(by_count, totals, strict=True):
+            stages_out: Any = [p.as_dict() for p in recipe]
+            out.append(stages_out[0] if not args.stages else {"stages": stages_out, "total": total})
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return
-    print("\n\n".join(table(p) for p in plans))
-    if total is not None and total["gpu_hours"] is not None:
-        print(
-            f"\nrecipe ({len(plans)} stages): {total['gpu_hours']:,.0f} GPU-hours, "
-            f"{total['wall_hours']:,.1f} h wall"
-        )
+    texts = []
+    for recipe, total in zip(by_count, totals, strict=True):
+        texts += [table(p) for p in recipe]
+        if total is not None and total["gpu_hours"] is not None:
+            texts[-1] += (
+                f"\nrecipe ({len(recipe)} stages) at {recipe[0].gpus} GPUs: "
+                f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
+            )
+    print("\n\n".join(texts))
 
 
 class _PlanCLI(RadioLitCLI):
@@ -153,7 +160,16 @@ def _distinct_ranks(module: Any, gpus: int) -> list[int]:
     return list(runs.values())
 
 
-def _plan(files: Sequence[str], overrides: Sequence[str], args: Any, gpu: Any, fit: Any) -> Any:
+def _plan(
+    files: Sequence[str],
+    overrides: Sequence[str],
+    args: Any,
+    gpu: Any,
+    fit: Any,
+    gpu_counts: Sequence[int | None],
+) -> list[StagePlan]:
+    """The stage of ``files`` + ``overrides`` planned at each of ``gpu_counts`` (``None``: the
+    config's devices x num_nodes), built once."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cli, raw = _build(files, overrides, args.teacher_depth)
@@ -163,33 +179,35 @@ def _plan(files: Sequence[str], overrides: Sequence[str], args: Any, gpu: Any, f
             f"--config {files[0]}: radio-lit plan plans distillation runs "
             f"(DistillationModule), not {type(module).__name__}"
         )
-    gpus = args.gpus or _world(raw)
-    ranks = _distinct_ranks(module, gpus)
     precision = str(trainer.precision)
     autocast = {"bf16": torch.bfloat16, "16": torch.float16}
     low = next((d for p, d in autocast.items() if precision.startswith(p)), None)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module(module, mode)
     datamodule = cli.datamodule
-    counts = {}
-    for rank in ranks:
-        module.partitions.place(gpus, rank)
-        batch = module.partitions.rank_batch_size() or datamodule.batch_size
-        counts[rank] = count_step(module, mode, datamodule.crop_size, batch, low, gpus, rank)
     optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
-    stage: StagePlan = plan_stage(
-        module,
-        trainer,
-        counts,
-        config=" ".join(files),
-        gpus=gpus,
-        device=gpu,
-        fit=fit,
-        optimizer_class=str(optimizer),
-        data_batch=datamodule.batch_size,
-        crop_size=datamodule.crop_size,
-        cache_images=args.cache_images,
-        cache_dtype=DTYPES[args.cache_dtype],
-    )
-    sys.stdout.flush()
-    return stage
+    stages = []
+    for given in gpu_counts:
+        gpus = given or _world(raw)
+        counts = {}
+        for rank in _distinct_ranks(module, gpus):
+            module.partitions.place(gpus, rank)
+            batch = module.partitions.rank_batch_size() or datamodule.batch_size
+            counts[rank] = count_step(module, mode, datamodule.crop_size, batch, low, gpus, rank)
+        stages.append(
+            plan_stage(
+                module,
+                trainer,
+                counts,
+                config=" ".join(files),
+                gpus=gpus,
+                device=gpu,
+                fit=fit,
+                optimizer_class=str(optimizer),
+                data_batch=datamodule.batch_size,
+                crop_size=datamodule.crop_size,
+                cache_images=args.cache_images,
+                cache_dtype=DTYPES[args.cache_dtype],
+            )
+        )
+    return stages

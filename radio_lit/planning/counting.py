@@ -297,6 +297,8 @@ def count_step(
         for normalizer in statistics.values():
             normalizer._is_fitted = True  # the host flag every statistic reads
     module.estimate_statistics = module.refit_statistics = False
+    for parameter in module.parameters():  # an earlier count's gradients: not this step's
+        parameter.grad = None
     module.train()
     for teacher in module.teachers.values():
         teacher.eval()
