@@ -15,7 +15,9 @@ Any other ``--section.key value`` option is applied to the config, as for ``radi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,7 +109,13 @@ class _PlanCLI(RadioLitCLI):
 
 
 def _build(files: Sequence[str], overrides: Sequence[str], depth: int | None) -> tuple[Any, dict]:
-    """The run of ``files`` + ``overrides`` (its CLI) and its raw YAML."""
+    """The run of ``files`` + ``overrides`` (its CLI) and its raw YAML; what building prints
+    goes to standard error (standard output is the plan's: ``--json``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return _built(files, overrides, depth)
+
+
+def _built(files: Sequence[str], overrides: Sequence[str], depth: int | None) -> tuple[Any, dict]:
     raw = merged(files)
     model = raw.get("model") or {}
     extra: list[str] = []
