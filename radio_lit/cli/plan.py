@@ -32,7 +32,7 @@ from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module
 from radio_lit.planning.devices import calibration, device
 from radio_lit.planning.meta_build import on_meta, planning_build
-from radio_lit.planning.plan import StagePlan, plan_stage, recipe_total, table
+from radio_lit.planning.plan import StagePlan, distinct_ranks, plan_stage, recipe_total, table
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
 
 __all__ = ["main"]
@@ -156,16 +156,10 @@ def _world(raw: dict[str, Any]) -> int:
 
 
 def _distinct_ranks(module: Any, gpus: int) -> list[int]:
-    """The first rank of each set of partitions a rank runs at ``gpus`` ranks."""
     try:
-        placement = module.partitions.place(gpus, 0)
+        return distinct_ranks(module.partitions, gpus)
     except ValueError as error:
         raise ConfigError(f"--gpus {gpus}: {error}") from error
-    runs: dict[tuple[str, ...], int] = {}
-    for rank in range(gpus):
-        mine = tuple(p for p, ranks in placement.ranks.items() if rank in ranks)
-        runs.setdefault(mine, rank)
-    return list(runs.values())
 
 
 def _plan(

@@ -45,6 +45,7 @@ __all__ = [
     "RankPlan",
     "StagePlan",
     "cache_bytes_per_view",
+    "distinct_ranks",
     "optimizer_states",
     "plan_stage",
     "recipe_total",
@@ -256,6 +257,18 @@ def _advice(module: Any, rank: RankPlan, device: Device, strategy: str) -> str:
         f"{over:.1f} GiB more than the {device.memory_gib:.1f} GiB of a {device.name}: "
         "lower " + "; or ".join(fixes)
     )
+
+
+def distinct_ranks(partitions: Any, gpus: int) -> list[int]:
+    """The first rank of each set of partitions a rank runs at ``gpus`` ranks (a
+    :class:`~radio_lit.training.partitions.PartitionPlan`); ``ValueError`` when a partition's
+    batch does not split over its ranks."""
+    placement = partitions.place(gpus, 0)
+    runs: dict[tuple[str, ...], int] = {}
+    for rank in range(gpus):
+        mine = tuple(p for p, ranks in placement.ranks.items() if rank in ranks)
+        runs.setdefault(mine, rank)
+    return list(runs.values())
 
 
 def plan_stage(
