@@ -89,8 +89,15 @@ def random_weight_overrides(
         )
     kind = entry["class_path"].rsplit(".", 1)[-1]
     changes = {} if pretrained else random_init(entry)
+    if kind == "SAM3Teacher" and not pretrained and not init.get("model_kwargs"):
+        # transformers' own Sam3VisionConfig (SAM3's architecture) instead of the Hub's file
+        changes = {"model": "sam3_vision_model", "pretrained": False}
+        if depth is not None:
+            backbone = {"model_type": "sam3_vit_model", "num_hidden_layers": depth}
+            backbone["global_attn_indexes"] = [depth - 1]
+            changes["model_kwargs"] = {"backbone_config": backbone}
     out = [override(f"{key}.{k}", v) for k, v in changes.items()]
-    if depth is None:
+    if depth is None or kind == "SAM3Teacher":
         return out
     if kind == "OpenCLIPTeacher":
         import open_clip
