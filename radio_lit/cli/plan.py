@@ -133,11 +133,12 @@ def _built(files: Sequence[str], overrides: Sequence[str], depth: int | None) ->
         "--trainer.logger=false",
         "--trainer.enable_checkpointing=false",
         "--trainer.callbacks=[]",
-        "--model.init_from=null",
         "--data=radio_lit.data.SyntheticDataModule",
         f"--data.init_args.crop_size={int(data.get('crop_size', 256))}",
         f"--data.init_args.batch_size={int(data.get('batch_size', 8))}",
     ]
+    if "class_path" not in model:  # a DistillationModule: an earlier stage's weights unread
+        extra.append("--model.init_from=null")
     args = [a for f in files for a in ("--config", f)] + extra + list(overrides)
     with warnings.catch_warnings(), planning_build():
         warnings.simplefilter("ignore")

@@ -3,7 +3,8 @@
 The module is the one ``radio-lit fit`` builds (its teachers and student on the meta device:
 :mod:`radio_lit.planning.meta_build`). Its parameters and buffers become *fake* tensors
 (``torch._subclasses.FakeTensorMode``: shapes, dtypes and devices, no data, no computation),
-and the step runs as a rank runs it: the views, every teacher of the rank's partitions
+as does the batch; what the step computes on the host (its shift draws, their reads) stays
+real, and the step runs as a rank runs it: the views, every teacher of the rank's partitions
 (their libraries' own code: timm, open_clip, transformers, segment-anything), the student's
 forward with its draws (ViTDet windows, DAMP, shifts), the EMA student (MESA), the heads,
 grid matching, normalizers, losses, then one backward (:func:`count_step`).
