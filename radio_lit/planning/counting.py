@@ -222,8 +222,9 @@ def _parts(module: Any) -> Iterator[tuple[str, nn.Module]]:
     for name, head in module.heads.items():  # matching calls a head's parts, not the head
         for part in head.children():
             yield f"head {name}", part
-    if getattr(module, "ema", None) is not None:
-        yield "EMA student", module.ema
+    if getattr(module, "ema", None) is not None:  # MESA runs the EMA's parts, not the EMA
+        for part in module.ema.children():
+            yield "EMA student", part
 
 
 @contextlib.contextmanager
