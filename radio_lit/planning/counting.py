@@ -46,7 +46,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["StepCount", "StepCounter", "count_step", "fake_module", "fused_attention"]
+__all__ = [
+    "StepCount",
+    "StepCounter",
+    "count_step",
+    "fake_module",
+    "fused_attention",
+    "gpu_attention",
+]
 
 #: The label of FLOPs outside every named part (views, grid matching, normalizers, losses).
 OTHER = "other"
@@ -103,9 +110,10 @@ class StepCounter(TorchDispatchMode):
         return out
 
 
-def _fused(
-    device: str,
-) -> Any:
+def gpu_attention(device: str) -> Any:
+    """``F.scaled_dot_product_attention`` as PyTorch's CUDA composite runs it on an H100
+    (:func:`fused_attention`), on tensors of any device under ``device``'s autocast."""
+
     def attention(
         query: Tensor,
         key: Tensor,
@@ -161,7 +169,10 @@ def fused_attention(device: str = "cuda") -> Iterator[None]:
     without a GPU its backend selection falls back to the math path, which upcasts bf16 to
     float32 and materialises the scores. (Patched on ``torch.nn.functional``, where libraries
     look it up at each call; torch's ``nn.MultiheadAttention`` fast path is off meanwhile.)"""
-    with _no_fast_path(), mock.patch.object(F, "scaled_dot_product_attention", _fused(device)):
+    with (
+        _no_fast_path(),
+        mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(device)),
+    ):
         yield
 
 
