@@ -1,9 +1,10 @@
-"""Every shipped distillation config planned by ``radio-lit plan``'s counting on this CPU: its
-shared build (:mod:`tests.configs.shipped`: tiny teachers of the same families, a GPU recipe's
-student at its real size on the meta device, partitions as configured), each distinct rank of
-the recipe's own world counted on fake tensors, then the stage's plan. (``configs/featsharp``
-trains a module of its own, which ``radio-lit plan`` refuses: tests/planning.) GPU recipes,
-whose students run at real size, are ``slow``."""
+"""Every shipped distillation config planned by ``radio-lit plan``'s counting on this CPU: a
+CPU-sized config's shared build (:mod:`tests.configs.shipped`) at its own world, a GPU recipe
+at CPU size (:func:`~tests.configs.shipped.cpu_sized`: tiny teachers of the same families, a
+2-block student of its family, its partitions one rank's share, one rank; a build of its own,
+hence ``slow``), each distinct rank counted on fake tensors, then the stage's plan. (The real
+sizes: ``tests/planning/test_measured_runs.py``; ``configs/featsharp`` trains a module of its
+own, which ``radio-lit plan`` refuses.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from benchmarks.gpu_check import own_module, world_size
 from radio_lit.planning.counting import count_step, fake_module
 from radio_lit.planning.devices import calibration, device
 from radio_lit.planning.plan import distinct_ranks, plan_stage
-from tests.configs.shipped import CONFIGS, built, gpu_recipe, raw
+from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe, raw
 
 NAMES = [
     pytest.param(name, marks=[pytest.mark.slow] if gpu_recipe(name) else [])
@@ -28,9 +29,9 @@ NAMES = [
 
 @pytest.mark.parametrize("name", NAMES)
 def test_plan_counts_the_config(name):
-    cli = built(name)
+    cli = cpu_sized(name, "--model.init_from=null") if gpu_recipe(name) else built(name)
     module = copy.deepcopy(cli.model)  # the shared build stays real
-    gpus = world_size(raw(name))
+    gpus = 1 if gpu_recipe(name) else world_size(raw(name))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module(module, mode)
     data = cli.datamodule
