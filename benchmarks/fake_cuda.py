@@ -32,6 +32,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from radio_lit.planning.counting import gpu_attention
+
 CASTS = ("aten._to_copy",)
 COPIES = ("aten.clone", "aten.copy_")
 
@@ -86,42 +88,8 @@ def hopper_attention() -> Iterator[None]:
     on ``torch.nn.functional``, where libraries look it up at each call.)"""
     from unittest import mock
 
-    with mock.patch.object(F, "scaled_dot_product_attention", _hopper_attention):
+    with mock.patch.object(F, "scaled_dot_product_attention", gpu_attention("cuda")):
         yield
-
-
-def _hopper_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> torch.Tensor:
-    if torch.is_autocast_enabled("cuda"):  # SDPA is on autocast's lower-precision list
-        low = torch.get_autocast_dtype("cuda")
-        query, key, value = (t.to(low) for t in (query, key, value))
-        if attn_mask is not None and attn_mask.is_floating_point():
-            attn_mask = attn_mask.to(low)
-    flash_dtype = query.dtype in (torch.bfloat16, torch.float16)
-    if attn_mask is None and flash_dtype and query.shape[-1] <= 256:
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale
-        )
-        return out[0]
-    if attn_mask is not None:  # attention.cpp, preprocess_mask: alignment of 16 elements
-        length = key.shape[-2]
-        attn_mask = attn_mask.expand(*query.shape[:-1], length)
-        if length % 16:
-            attn_mask = F.pad(attn_mask, (0, 16 - length % 16))[..., :length]
-        elif any(stride % 16 for stride in attn_mask.stride()[:-1]):
-            attn_mask = attn_mask.contiguous()
-    out = torch.ops.aten._scaled_dot_product_efficient_attention(
-        query, key, value, attn_mask, False, dropout_p, is_causal, scale=scale
-    )
-    return out[0]
 
 
 @contextlib.contextmanager

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check of radio-lit in one call, in order of importance, each step's output kept in
 # OUTDIR (default: gpu-session/): benchmarks/gpu_check.py (every shipped config built and
-# stepped: gpu_check.txt), the `gpu` tests (gpu_tests.txt), then radio-lit's stage-1 step
-# against a plain PyTorch loop (train_step.txt). Each step has its own time limit, so that one
-# that hangs leaves the others their time; about 9 minutes in all on one H200.
+# stepped: gpu_check.txt), `radio-lit plan` of every config it stepped beside what it measured
+# (plan_check.txt, on the host's CPUs), the `gpu` tests (gpu_tests.txt), then radio-lit's
+# stage-1 step against a plain PyTorch loop (train_step.txt). Each step has its own time
+# limit, so that one that hangs leaves the others their time; about 14 minutes in all on one H200.
 #
 #   bash benchmarks/gpu_session.sh [OUTDIR]
 #
@@ -37,6 +38,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep and show t
   git log -1 --format='radio-lit %h' 2>/dev/null; } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 step gpu_check 330 "$py" benchmarks/gpu_check.py --budget 270
+case "$(head -n 1 "$out/machine.txt")" in  # the plan's device for gpu_check's card
+  *H200*) gpu=h200 ;; *H100*) gpu=h100 ;; *A100*) gpu=a100 ;; *B200*) gpu=b200 ;; *) gpu=h200 ;;
+esac
+step plan_check 300 "$py" benchmarks/plan_check.py "$out/gpu_check.txt" --gpu "$gpu"
 step gpu_tests 120 "$py" -m pytest -m gpu -q -rA -p no:cacheprovider $(grep -rl "mark.gpu" tests)
 step train_step 150 "$py" benchmarks/train_step.py --config configs/stage1.yaml --device cuda --teacher-depth 8
 echo "== done in $(($(date +%s) - start)) s; outputs in $out/"

@@ -28,15 +28,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib
-import inspect
-import json
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from radio_lit.planning.configs import load_config, merged  # noqa: F401
+from radio_lit.planning.random_weights import (  # noqa: F401 (the benchmarks' names for them)
+    SAM_ENCODERS,
+    override,
+    random_init,
+    random_weight_overrides,
+    shorten_trunk,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -48,27 +54,6 @@ BARE_TRAINER = (
     "--trainer.enable_checkpointing=false",
     "--trainer.callbacks=[]",
 )
-#: segment-anything's ``build_sam_vit_*`` encoders (what ``SAMTeacher(model_type)`` builds).
-SAM_ENCODERS = {
-    kind: dict(
-        img_size=1024,
-        patch_size=16,
-        embed_dim=width,
-        depth=depth,
-        num_heads=16 if width > 768 else 12,
-        mlp_ratio=4.0,
-        out_chans=256,
-        qkv_bias=True,
-        use_rel_pos=True,
-        window_size=14,
-        global_attn_indexes=globals_,
-    )
-    for kind, width, depth, globals_ in (
-        ("vit_b", 768, 12, [2, 5, 8, 11]),
-        ("vit_l", 1024, 24, [5, 11, 17, 23]),
-        ("vit_h", 1280, 32, [7, 15, 23, 31]),
-    )
-}
 
 
 # ------------------------------------------------------------------------------------------
@@ -132,127 +117,12 @@ def synchronizer(device: Any) -> Callable[[], None]:
 # ------------------------------------------------------------------------------------------
 # configs
 # ------------------------------------------------------------------------------------------
-def load_config(path: str | Path) -> dict[str, Any]:
-    """One YAML file as a mapping (libyaml's loader when there; ``{}`` for an empty file)."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def merged(files: Sequence[str | Path]) -> dict[str, Any]:
-    """The raw YAMLs as later ``--config`` files merge into earlier ones (mappings merged key
-    by key, a class entry with another ``class_path`` replaced, lists replaced)."""
-    out: dict[str, Any] = {}
-    for path in files:
-        out = _merge(out, load_config(path))
-    return out
-
-
-def _merge(base: Any, over: Any) -> Any:
-    if not isinstance(base, dict) or not isinstance(over, dict):
-        return copy.deepcopy(over)
-    if "class_path" in over and over.get("class_path") != base.get("class_path"):
-        return copy.deepcopy(over)
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
-    return out
-
-
-def override(key: str, value: Any) -> str:
-    """``key=value`` for radio-lit's parser (a string as it is, anything else as JSON)."""
-    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
-
-
 def parse(config: str | Path, *overrides: str) -> Any:
     """The ``RadioLitCLI`` of ``radio-lit fit --config config overrides...``: parsed and built
     (module, data module, trainer), not run."""
     from radio_lit.cli.app import RadioLitCLI
 
     return RadioLitCLI(run=False, args=["--config", str(config), *overrides])
-
-
-# ------------------------------------------------------------------------------------------
-# random weights, shorter teachers
-# ------------------------------------------------------------------------------------------
-def random_init(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``init_args`` that give a teacher entry random weights, nothing to load: no
-    pretrained weights (``false``, or ``null`` for a tag), no checkpoint, a model name without
-    its pretrained tag (``vit_large_patch14_dinov2.lvd142m`` -> ``vit_large_patch14_dinov2``;
-    a RADIO teacher's name is a version, kept)."""
-    init = entry.get("init_args") or {}
-    kind = entry["class_path"].rsplit(".", 1)[-1]
-    default = getattr(_init_parameters(entry["class_path"]).get("pretrained"), "default", None)
-    changes: dict[str, Any] = {}
-    pretrained = init.get("pretrained", default)
-    if pretrained not in (None, False, inspect.Parameter.empty):
-        changes["pretrained"] = False if pretrained is True else None
-    if init.get("checkpoint"):
-        changes["checkpoint"] = None
-    if isinstance(init.get("model"), str) and "." in init["model"] and kind != "RADIOTeacher":
-        changes["model"] = init["model"].split(".")[0]
-    return changes
-
-
-def _init_parameters(class_path: str) -> Mapping[str, inspect.Parameter]:
-    module, name = class_path.rsplit(".", 1)
-    return inspect.signature(getattr(importlib.import_module(module), name)).parameters
-
-
-def random_weight_overrides(
-    name: str, entry: dict[str, Any], pretrained: bool, depth: int | None, at: str | None = None
-) -> list[str]:
-    """Overrides of teacher ``name`` (at config key ``at``, default ``--model.teachers.<name>``):
-    random weights (:func:`random_init`) unless ``pretrained``; with ``depth``, that many blocks
-    at the teacher's widths (open_clip's own towers, SAM, timm and transformers models;
-    open_clip's timm trunks are shortened once built: :func:`shorten_trunk`). A wrapper's inner
-    teacher (``UpsampledTeacher``, ``RescaledTeacher``...) alike, a wrapper's checkpoint left
-    out (an untrained upsampler)."""
-    key = f"{at or f'--model.teachers.{name}'}.init_args"
-    init = entry.get("init_args") or {}
-    if isinstance(init.get("teacher"), dict):
-        inner = random_weight_overrides(name, init["teacher"], pretrained, depth, f"{key}.teacher")
-        return inner + (
-            [f"{key}.checkpoint=null"] if not pretrained and init.get("checkpoint") else []
-        )
-    kind = entry["class_path"].rsplit(".", 1)[-1]
-    changes = {} if pretrained else random_init(entry)
-    out = [override(f"{key}.{k}", v) for k, v in changes.items()]
-    if depth is None:
-        return out
-    if kind == "OpenCLIPTeacher":
-        import open_clip
-
-        cfg = init.get("model_cfg") or open_clip.get_model_config(init["model_name"])
-        if "timm_model_name" in cfg["vision_cfg"]:  # a timm trunk: shorten_trunk, once built
-            return out
-        cfg = {**cfg, "vision_cfg": {**cfg["vision_cfg"], "layers": depth}}
-        cfg["text_cfg"] = {**cfg["text_cfg"], "layers": min(depth, cfg["text_cfg"]["layers"])}
-        out.append(override(f"{key}.model_cfg", cfg))
-    elif kind == "SAMTeacher":
-        kwargs = init.get("encoder_kwargs") or SAM_ENCODERS[init["model_type"]]
-        kwargs = {**kwargs, "depth": depth, "global_attn_indexes": [depth - 1]}
-        out += [f"{key}.model_type=null", override(f"{key}.encoder_kwargs", kwargs)]
-    elif "model_kwargs" in _init_parameters(entry["class_path"]):
-        kwargs = {**(init.get("model_kwargs") or {}), "depth": depth}
-        out.append(override(f"{key}.model_kwargs", kwargs))
-    else:
-        print(f"note: teacher {name} ({kind}) kept at full depth")
-    return out
-
-
-def shorten_trunk(name: str, teacher: Any, depth: int) -> None:
-    """Keep the first ``depth`` blocks of an open_clip teacher's timm trunk (SigLIP's: open_clip
-    builds it at the timm model's own depth, which its config cannot set); widths kept."""
-    trunk = getattr(getattr(teacher, "model", None), "trunk", None)
-    blocks = getattr(trunk, "blocks", None)
-    if blocks is not None and len(blocks) > depth:
-        trunk.blocks = blocks[:depth]
-        if isinstance(getattr(trunk, "feature_info", None), list):
-            trunk.feature_info = trunk.feature_info[:depth]
-        print(f"note: teacher {name} (open_clip timm trunk) shortened to {depth} blocks once built")
 
 
 # ------------------------------------------------------------------------------------------

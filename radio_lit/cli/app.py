@@ -435,6 +435,7 @@ SUBCOMMANDS: dict[str, str] = {
     "evaluate": "radio_lit.cli.evaluate:evaluate",
     "cache": "radio_lit.cli.cache:main",
     "export": "radio_lit.cli.export:main",
+    "plan": "radio_lit.cli.plan:main",
     "predict": "radio_lit.cli.predict:main",
 }
 

@@ -46,7 +46,9 @@ def hadamard(n: int) -> Tensor:
 
     Returns:
         ``[n, n]`` float64 tensor with entries ``±1/sqrt(n)`` and orthonormal rows; a fresh
-        tensor each call (the cache holds an internal copy).
+        tensor each call (the cache holds an internal copy), computed on the CPU whatever
+        the default device (a normalizer built under ``torch.device("meta")``, as
+        ``radio-lit plan`` builds a run, still gets its exact matrix).
 
     Raises:
         ValueError: ``n`` is not an order these rules reach (e.g. 6, 92), with the nearest
@@ -54,7 +56,8 @@ def hadamard(n: int) -> Tensor:
     """
     if not is_hadamard_order(n):
         raise ValueError(_unsupported_message(n))
-    return _signs(n).to(torch.float64) / math.sqrt(n)
+    with torch.device("cpu"):
+        return _signs(n).to(torch.float64) / math.sqrt(n)
 
 
 def is_hadamard_order(n: int) -> bool:

@@ -35,6 +35,7 @@ LAYERS = (
     "callbacks",
     "evaluation",
     "ablation",
+    "planning",  # radio-lit plan's estimates: builds what fit builds (the module), below cli
     "cli",
 )
 #: The entry points above every layer: ``import radio_lit``, ``python -m radio_lit``, and the

@@ -1,0 +1,216 @@
+"""``radio-lit plan``: what a run costs at N GPUs (memory per rank, step time, images/s,
+GPU-hours, cache disk), counted on fake tensors.
+
+    radio-lit plan --config configs/recipes/c-radio/stage1.yaml --gpus 64 --gpu h100
+    radio-lit plan --config configs/stage1.yaml --gpus 1 --gpu h200 --json
+    radio-lit plan --stages configs/recipes/c-radio/stage1.yaml configs/recipes/c-radio/stage2.yaml
+
+The run is built as ``radio-lit fit`` builds it (radio-lit's CLI, every configured class), its
+teachers and student on the meta device with random weights (nothing is loaded or downloaded:
+:mod:`radio_lit.planning.meta_build`), its data the config's crop and batch on synthetic
+images; each distinct rank's step is then run on fake tensors (:mod:`radio_lit.planning`).
+Any other ``--section.key value`` option is applied to the config, as for ``radio-lit fit``
+(``--teacher-depth K``: teachers of K blocks at their real widths, as the benchmarks run them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radio_lit.cache.manifest import DTYPES
+from radio_lit.cli.app import RadioLitCLI
+from radio_lit.core.errors import CommandParser, ConfigError
+from radio_lit.planning.configs import merged
+from radio_lit.planning.counting import count_step, fake_module
+from radio_lit.planning.devices import calibration, device
+from radio_lit.planning.meta_build import on_meta, planning_build
+from radio_lit.planning.plan import StagePlan, distinct_ranks, plan_stage, recipe_total, table
+from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
+
+__all__ = ["main"]
+
+#: ImageNet-1k's training images: the default count of the cache estimate [choice].
+IMAGENET_TRAIN = 1_281_167
+
+
+def _parser() -> CommandParser:
+    parser = CommandParser(
+        prog="radio-lit plan",
+        description="What a run costs before it runs: memory per rank, FLOPs by part, step "
+        "time, images/s and GPU-hours at --gpus GPUs of --gpu, the teacher cache's disk. Any "
+        "other --section.key value option is applied to the config, as for radio-lit fit.",
+    )
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--config", action="append", help="the run's config(s), as for fit")
+    given.add_argument("--stages", nargs="+", help="a recipe's stage configs, in order")
+    parser.add_argument(
+        "--gpus", type=int, nargs="+", default=None, help="GPU count(s); default: devices x nodes"
+    )
+    parser.add_argument("--gpu", default="h100", help="h100, h200, a100, b200 or a YAML file")
+    parser.add_argument("--json", action="store_true", help="the same figures as JSON")
+    parser.add_argument("--teacher-depth", type=int, default=None, help="teachers of K blocks")
+    parser.add_argument("--cache-images", type=int, default=IMAGENET_TRAIN)
+    parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point of ``radio-lit plan``."""
+    parser = _parser()
+    args, overrides = parser.parse_with_overrides(argv)
+    gpu, fit = device(args.gpu), calibration()
+    if args.gpus is not None and min(args.gpus) < 1:
+        parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
+    stages = [[c] for c in args.stages] if args.stages else [args.config]
+    for files in stages:
+        for config in files:
+            if not Path(config).is_file():
+                parser.error(f"--config {config}: no such config file")
+    counts = args.gpus or [None]
+    plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]  # [stage][N]
+    by_count = list(zip(*plans, strict=True))  # [N][stage]
+    totals = [recipe_total(p) if len(stages) > 1 else None for p in by_count]
+    if args.json:
+        out: list[Any] = []
+        for recipe, total in zip(by_count, totals, strict=True):
+            stages_out: Any = [p.as_dict() for p in recipe]
+            out.append(stages_out[0] if not args.stages else {"stages": stages_out, "total": total})
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        return
+    texts = []
+    for recipe, total in zip(by_count, totals, strict=True):
+        texts += [table(p) for p in recipe]
+        if total is not None and total["gpu_hours"] is not None:
+            texts[-1] += (
+                f"\nrecipe ({len(recipe)} stages) at {recipe[0].gpus} GPUs: "
+                f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
+            )
+    print("\n\n".join(texts))
+
+
+class _PlanCLI(RadioLitCLI):
+    """radio-lit's CLI with teachers and students built on the meta device."""
+
+    def instantiate_classes(self) -> None:
+        from radio_lit.students import Student
+        from radio_lit.teachers import Teacher
+
+        for kind in (Teacher, Student):
+            self.parser.add_instantiator(on_meta, kind)
+        super().instantiate_classes()
+
+
+def _build(files: Sequence[str], overrides: Sequence[str], depth: int | None) -> tuple[Any, dict]:
+    """The run of ``files`` + ``overrides`` (its CLI) and its raw YAML; what building prints
+    goes to standard error (standard output is the plan's: ``--json``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return _built(files, overrides, depth)
+
+
+def _built(files: Sequence[str], overrides: Sequence[str], depth: int | None) -> tuple[Any, dict]:
+    raw = merged(files)
+    model = raw.get("model") or {}
+    extra: list[str] = []
+    for name, entry in (model.get("teachers") or {}).items():
+        if isinstance(entry, dict):
+            extra += random_weight_overrides(name, entry, False, depth)
+    student = (model.get("student") or {}).get("init_args") or {}
+    if student.get("pretrained"):
+        extra.append("--model.student.init_args.pretrained=false")
+    data = (raw.get("data") or {}).get("init_args") or {}
+    extra += [
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.num_nodes=1",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.callbacks=[]",
+        "--data=radio_lit.data.SyntheticDataModule",
+        f"--data.init_args.crop_size={int(data.get('crop_size', 256))}",
+        f"--data.init_args.batch_size={int(data.get('batch_size', 8))}",
+    ]
+    if "class_path" not in model:  # a DistillationModule: an earlier stage's weights unread
+        extra.append("--model.init_from=null")
+    args = [a for f in files for a in ("--config", f)] + extra + list(overrides)
+    with warnings.catch_warnings(), planning_build():
+        warnings.simplefilter("ignore")
+        cli = _PlanCLI(run=False, args=args)
+    if depth is not None:
+        for name, built in cli.model.teachers.items():
+            shorten_trunk(name, built, depth)
+    return cli, raw
+
+
+def _world(raw: dict[str, Any]) -> int:
+    trainer = raw.get("trainer") or {}
+    devices = trainer.get("devices", 1)
+    devices = devices if isinstance(devices, int) and devices > 0 else 1
+    return devices * int(trainer.get("num_nodes") or 1)
+
+
+def _distinct_ranks(module: Any, gpus: int) -> list[int]:
+    try:
+        return distinct_ranks(module.partitions, gpus)
+    except ValueError as error:
+        raise ConfigError(f"--gpus {gpus}: {error}") from error
+
+
+def _plan(
+    files: Sequence[str],
+    overrides: Sequence[str],
+    args: Any,
+    gpu: Any,
+    fit: Any,
+    gpu_counts: Sequence[int | None],
+) -> list[StagePlan]:
+    """The stage of ``files`` + ``overrides`` planned at each of ``gpu_counts`` (``None``: the
+    config's devices x num_nodes), built once."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cli, raw = _build(files, overrides, args.teacher_depth)
+    module, trainer = cli.model, cli.trainer
+    if not hasattr(module, "partitions"):
+        raise ConfigError(
+            f"--config {files[0]}: radio-lit plan plans distillation runs "
+            f"(DistillationModule), not {type(module).__name__}"
+        )
+    precision = str(trainer.precision)
+    autocast = {"bf16": torch.bfloat16, "16": torch.float16}
+    low = next((d for p, d in autocast.items() if precision.startswith(p)), None)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_module(module, mode)
+    datamodule = cli.datamodule
+    optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
+    stages = []
+    for given in gpu_counts:
+        gpus = given or _world(raw)
+        counts = {}
+        for rank in _distinct_ranks(module, gpus):
+            module.partitions.place(gpus, rank)
+            batch = module.partitions.rank_batch_size() or datamodule.batch_size
+            counts[rank] = count_step(module, mode, datamodule.crop_size, batch, low, gpus, rank)
+        stages.append(
+            plan_stage(
+                module,
+                trainer,
+                counts,
+                config=" ".join(files),
+                gpus=gpus,
+                device=gpu,
+                fit=fit,
+                optimizer_class=str(optimizer),
+                data_batch=datamodule.batch_size,
+                crop_size=datamodule.crop_size,
+                cache_images=args.cache_images,
+                cache_dtype=DTYPES[args.cache_dtype],
+            )
+        )
+    return stages

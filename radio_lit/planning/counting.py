@@ -1,0 +1,352 @@
+"""One training step of a rank, run on fake tensors: its FLOPs by part and its memory peak.
+
+The module is the one ``radio-lit fit`` builds (its teachers and student on the meta device:
+:mod:`radio_lit.planning.meta_build`). Its parameters and buffers become *fake* tensors
+(``torch._subclasses.FakeTensorMode``: shapes, dtypes and devices, no data, no computation),
+as does the batch; what the step computes on the host (its shift draws, their reads) stays
+real, and the step runs as a rank runs it: the views, every teacher of the rank's partitions
+(their libraries' own code: timm, open_clip, transformers, segment-anything), the student's
+forward with its draws (ViTDet windows, DAMP, shifts), the EMA student (MESA), the heads,
+grid matching, normalizers, losses, then one backward (:func:`count_step`).
+
+:class:`StepCounter` (a ``TorchDispatchMode`` below autograd and autocast) sees each operation
+that reaches the kernels:
+
+- **FLOPs**: PyTorch's own formulas (``torch.utils.flop_counter``'s registry, what
+  ``FlopCounterMode`` counts), attributed to the part running (each teacher, its FeatSharp
+  upsampler, the student's forward, each head, the EMA student, the backward, the rest);
+- **memory**: every storage an operation creates is counted while it lives (a weak reference
+  to the storage tells when it is freed), so the peak is that of what the step allocates
+  beyond the weights: activations kept for the backward, temporaries, weights' bf16 copies
+  made by autocast, the gradients as produced [choice: torch's ``MemTracker`` cannot track a
+  module whose frozen teachers hold parameters without gradients; it registers a gradient hook
+  on every parameter].
+
+Attention runs as a GPU runs it (:func:`fused_attention`): without a GPU, SDPA's backend
+selection falls back to the math path, which would materialise every ``[N, N]`` score matrix.
+torch's fast path of ``nn.MultiheadAttention`` (open_clip's towers under ``no_grad``) is
+switched off while counting: its fused kernel has no FLOP formula; the unfused path computes
+the same products.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+__all__ = [
+    "StepCount",
+    "StepCounter",
+    "count_step",
+    "fake_module",
+    "fused_attention",
+    "gpu_attention",
+]
+
+#: The label of FLOPs outside every named part (views, grid matching, normalizers, losses).
+OTHER = "other"
+#: The label of everything the backward runs.
+BACKWARD = "backward"
+
+
+class StepCounter(TorchDispatchMode):
+    """FLOPs by part and live bytes (current, peak) of what runs while active (module
+    docstring). Parts are entered with :meth:`part` (nested: the innermost counts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: Counter[str] = Counter()
+        self.current = 0
+        self.peak = 0
+        self._parts = [OTHER]
+        self._live: dict[int, weakref.finalize] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        self._parts.append(name)
+        try:
+            yield
+        finally:
+            self._parts.pop()
+
+    def _freed(self, key: int, size: int) -> None:
+        self._live.pop(key, None)
+        self.current -= size
+
+    def track(self, tensor: Tensor) -> None:
+        """Count ``tensor``'s storage while it lives (once, however many views share it)."""
+        if tensor.device.type == "meta":
+            return
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._live:
+            return
+        size = storage.nbytes()
+        self._live[key] = weakref.finalize(storage, self._freed, key, size)
+        self.current += size
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops[self._parts[-1]] += int(formula(*args, **kwargs, out_val=out))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, Tensor):
+                self.track(tensor)
+        return out
+
+
+def gpu_attention(device: str) -> Any:
+    """``F.scaled_dot_product_attention`` as PyTorch's CUDA composite runs it on an H100
+    (:func:`fused_attention`), on tensors of any device under ``device``'s autocast."""
+
+    def attention(
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        if torch.is_autocast_enabled(device):  # SDPA is on autocast's lower-precision list
+            low = torch.get_autocast_dtype(device)
+            query, key, value = (t.to(low) for t in (query, key, value))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(low)
+        flash_dtype = query.dtype in (torch.bfloat16, torch.float16)
+        if attn_mask is None and flash_dtype and query.shape[-1] <= 256:
+            out = torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )
+            return out[0]
+        if attn_mask is not None:  # attention.cpp, preprocess_mask: alignment of 16 elements
+            length = key.shape[-2]
+            attn_mask = attn_mask.expand(*query.shape[:-1], length)
+            if length % 16:
+                attn_mask = F.pad(attn_mask, (0, 16 - length % 16))[..., :length]
+            elif any(stride % 16 for stride in attn_mask.stride()[:-1]):
+                attn_mask = attn_mask.contiguous()
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, False, dropout_p, is_causal, scale=scale
+        )
+        return out[0]
+
+    return attention
+
+
+@contextlib.contextmanager
+def _no_fast_path() -> Iterator[None]:
+    """torch's ``nn.MultiheadAttention`` fast path off (its fused kernel counts no FLOPs)."""
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+
+
+@contextlib.contextmanager
+def fused_attention(device: str = "cuda") -> Iterator[None]:
+    """``F.scaled_dot_product_attention`` as PyTorch's CUDA composite runs it on an H100
+    (flash attention without a mask, memory-efficient attention with one, after ``device``'s
+    autocast casts and the mask's alignment padding) while the block runs, on any device:
+    without a GPU its backend selection falls back to the math path, which upcasts bf16 to
+    float32 and materialises the scores. (Patched on ``torch.nn.functional``, where libraries
+    look it up at each call; torch's ``nn.MultiheadAttention`` fast path is off meanwhile.)"""
+    with (
+        _no_fast_path(),
+        mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(device)),
+    ):
+        yield
+
+
+def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
+    """Replace ``module``'s parameters and buffers (real, or on the meta device) by fake
+    tensors of the same shapes and dtypes on ``device``, in place; tied tensors stay tied."""
+    made: dict[int, Tensor] = {}
+    with mode:
+        for owner in module.modules():
+            for kind in ("_parameters", "_buffers"):
+                for name, tensor in list(getattr(owner, kind).items()):
+                    if tensor is None:
+                        continue
+                    if id(tensor) not in made:
+                        fake = mode.from_tensor(tensor).to(device).detach()
+                        if isinstance(tensor, nn.Parameter):
+                            fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                        made[id(tensor)] = fake
+                    getattr(owner, kind)[name] = made[id(tensor)]
+
+
+@dataclass
+class StepCount:
+    """What one rank's step ran (:func:`count_step`).
+
+    Attributes:
+        images: ``{partition: images}`` this rank's chunks took.
+        resolutions: ``{partition: (H, W)}`` the student's view of each chunk.
+        flops: ``{part: FLOPs}`` (parts: ``teacher <name>``, ``upsampler <name>``,
+            ``student forward``, ``head <name>``, ``EMA student``, ``backward``, ``other``).
+        peak_bytes: the step's largest live bytes beyond the weights (module docstring).
+        outputs: ``{teacher: [B, H, W, C]}`` each teacher's feature map as it returned it.
+    """
+
+    images: dict[str, int]
+    resolutions: dict[str, tuple[int, int]]
+    flops: dict[str, int]
+    peak_bytes: int
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
+
+    @property
+    def total_images(self) -> int:
+        return sum(self.images.values())
+
+
+def _parts(module: Any) -> Iterator[tuple[str, nn.Module]]:
+    """``(label, submodule)`` of the step's named parts."""
+    for name, teacher in module.teachers.items():
+        yield f"teacher {name}", teacher
+        upsampler = getattr(teacher, "upsampler", None)
+        if isinstance(upsampler, nn.Module):
+            yield f"upsampler {name}", upsampler
+    yield "student forward", module.student
+    for name, head in module.heads.items():  # matching calls a head's parts, not the head
+        for part in head.children():
+            yield f"head {name}", part
+    if getattr(module, "ema", None) is not None:  # MESA runs the EMA's parts, not the EMA
+        for part in module.ema.children():
+            yield "EMA student", part
+
+
+@contextlib.contextmanager
+def _labelled(module: Any, counter: StepCounter, outputs: dict[str, list[int]]) -> Iterator[None]:
+    """Forward hooks that enter each named part while it runs, and note teachers' outputs."""
+    handles, open_parts = [], []
+
+    def enter(label: str) -> Any:
+        def hook(*_: Any) -> None:
+            part = counter.part(label)
+            part.__enter__()
+            open_parts.append(part)
+
+        return hook
+
+    def leave(label: str) -> Any:
+        def hook(_: Any, __: Any, out: Any) -> None:
+            open_parts.pop().__exit__(None, None, None)
+            features = getattr(out, "features", None)
+            if label.startswith("teacher ") and isinstance(features, Tensor):
+                outputs[label.removeprefix("teacher ")] = list(features.shape)
+
+        return hook
+
+    for label, part in _parts(module):
+        handles.append(part.register_forward_pre_hook(enter(label)))
+        handles.append(part.register_forward_hook(leave(label)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def count_step(
+    module: Any,
+    mode: Any,
+    crop_size: int,
+    batch: int,
+    autocast: torch.dtype | None,
+    world_size: int = 1,
+    rank: int = 0,
+    device: str = "cpu",
+    gpu_attention: bool = True,
+) -> StepCount:
+    """One training step of global rank ``rank`` of ``world_size`` on fake tensors.
+
+    Args:
+        module: a :class:`~radio_lit.module.DistillationModule` whose tensors are fake
+            (:func:`fake_module`) under ``mode`` (a ``FakeTensorMode``).
+        crop_size: the data's crop side ``S``; the rank's batch is ``[batch, 3, S, S]`` uint8.
+        autocast: the mixed-precision dtype (``bf16-mixed``: ``torch.bfloat16``), or ``None``.
+        world_size, rank: where the partitions are placed (:meth:`PartitionPlan.place`).
+        device: the fake tensors' device (``"cpu"``: torch's autograd engine needs a real
+            device context for CUDA tensors, fake ones included).
+        gpu_attention: attention as a GPU runs it (:func:`fused_attention`); ``False``: as
+            ``device`` does (a check against a real step there).
+
+    Each partition with several resolutions runs at its largest [choice: the step that sets
+    the peak memory and the longest one; a run draws one per step]. Statistics are taken as
+    fitted (the steady state after ``TeacherStatsEstimation``'s steps).
+    """
+    from radio_lit.students.spectral_reparam import spectral_step
+
+    plan = module.partitions
+    plan.place(world_size, rank)
+    largest = {
+        name: max(range(len(sizes)), key=lambda i, s=sizes: s[i][0] * s[i][1])
+        for name, sizes in plan.resolutions.items()
+    }
+    for statistics in module.teacher_statistics().values():
+        for normalizer in statistics.values():
+            normalizer._is_fitted = True  # the host flag every statistic reads
+    module.estimate_statistics = module.refit_statistics = False
+    for parameter in module.parameters():  # an earlier count's gradients: not this step's
+        parameter.grad = None
+    module.train()
+    for teacher in module.teachers.values():
+        teacher.eval()
+    counter, outputs = StepCounter(), {}
+    precision = (
+        torch.autocast(device, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    )
+    seen: dict[str, Any] = {}
+    chunks_of = module.partitions.chunks
+
+    def chunks(crop: Tensor, train: bool) -> list[Any]:
+        made = chunks_of(crop, train)
+        seen.update({c.partition: c for c in made})
+        return made
+
+    with mode:  # the step's tensors follow from the fake batch and weights; the host's stay real
+        pixels = torch.empty(batch, 3, crop_size, crop_size, dtype=torch.uint8, device=device)
+    with (
+        mock.patch.object(plan, "_draw", lambda name: largest[name]),
+        mock.patch.object(plan, "chunks", chunks),
+        _labelled(module, counter, outputs),
+        fused_attention(device) if gpu_attention else _no_fast_path(),
+        counter,
+    ):
+        counter.track(pixels)
+        module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
+        with precision, spectral_step(module.student):
+            loss = module._shared_step(pixels, "train")
+        with counter.part(BACKWARD):
+            loss.backward()
+        peak = counter.peak
+    return StepCount(
+        images={name: int(c.crop.shape[0]) for name, c in seen.items()},
+        resolutions={name: tuple(c.resolution) for name, c in seen.items()},
+        flops=dict(counter.flops),
+        peak_bytes=peak,
+        outputs=outputs,
+    )

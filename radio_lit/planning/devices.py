@@ -1,0 +1,109 @@
+"""The GPUs a plan is made for (``devices.yaml``) and what radio-lit's measured steps achieve on
+them (``calibration.yaml``), both data files beside this module, each row with its source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from radio_lit.core.errors import ConfigError, did_you_mean
+
+__all__ = ["Calibration", "Device", "calibration", "device", "device_names"]
+
+HERE = Path(__file__).resolve().parent
+DEVICES = HERE / "devices.yaml"
+CALIBRATION = HERE / "calibration.yaml"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU: dense bf16 peak (TFLOP/s), memory bandwidth (TB/s), memory (GiB as CUDA
+    reports it), GPUs per node, per-GPU collective bandwidth within a node and across nodes
+    (GB/s, one direction), and where the figures come from."""
+
+    name: str
+    bf16_tflops: float
+    memory_tb_per_s: float
+    memory_gib: float
+    gpus_per_node: int
+    node_gb_per_s: float
+    network_gb_per_s: float
+    source: str
+
+    def link_gb_per_s(self, ranks: int) -> float:
+        """The bandwidth a ring collective over ``ranks`` GPUs runs at: NVLink within a node,
+        the network once it spans nodes (its slowest link)."""
+        return self.node_gb_per_s if ranks <= self.gpus_per_node else self.network_gb_per_s
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def device_names() -> list[str]:
+    """The names ``--gpu`` accepts from the table."""
+    return list(_load(DEVICES))
+
+
+def _device(row: Any, where: str) -> Device:
+    names = [f.name for f in fields(Device)]
+    if not isinstance(row, dict) or sorted(row) != sorted(names):
+        given = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ConfigError(f"--gpu {where}: a device needs exactly the keys {names}, got {given}")
+    return Device(**row)
+
+
+def device(name: str) -> Device:
+    """The table's row ``name`` (``h100``…), or a YAML file of one row's keys; an unknown name
+    is a :class:`ConfigError` naming the closest and every known one."""
+    table = _load(DEVICES)
+    if name.lower() in table:
+        return _device(table[name.lower()], name)
+    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+        if not Path(name).is_file():
+            raise ConfigError(f"--gpu {name}: no such file")
+        return _device(_load(Path(name)), name)
+    raise ConfigError(
+        f"--gpu {name}: unknown GPU{did_you_mean(name, table)}; known: {', '.join(table)} "
+        "(or a YAML file with a device's keys, radio_lit/planning/devices.yaml)"
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achieved fractions of the calibration device's peak (``calibration.yaml``): teachers'
+    forwards, the student's forward and backward (heads included); the optimizer's bytes per
+    second as a fraction of the memory bandwidth; a fixed cost per step (ms)."""
+
+    teacher_efficiency: float
+    student_efficiency: float
+    optimizer_efficiency: float
+    rest_ms: float
+    source: str
+
+
+#: Bytes a LAMB / AdamW step reads and writes per float32 parameter: the parameter and its two
+#: moments read and written, the gradient read (7 x 4 bytes).
+OPTIMIZER_BYTES_PER_PARAMETER = 28
+
+
+def calibration() -> Calibration:
+    row = _load(CALIBRATION)
+    base = device(row["device"])
+    peak = base.bf16_tflops * 1e12
+
+    def efficiency(part: dict[str, float]) -> float:
+        return part["gflop"] * 1e9 / (part["ms"] / 1e3) / peak
+
+    moved = row["optimizer"]["parameters"] * OPTIMIZER_BYTES_PER_PARAMETER
+    optimizer = moved / (row["optimizer"]["ms"] / 1e3) / (base.memory_tb_per_s * 1e12)
+    return Calibration(
+        teacher_efficiency=efficiency(row["teachers"]),
+        student_efficiency=efficiency(row["student"]),
+        optimizer_efficiency=optimizer,
+        rest_ms=float(row["rest"]["ms"]),
+        source=str(row["source"]),
+    )

@@ -1,0 +1,431 @@
+"""What one training stage costs at ``N`` GPUs: memory per rank, step time, images/s, GPU-hours,
+the teacher cache's disk (``radio-lit plan``).
+
+Counted, not estimated by hand (:mod:`radio_lit.planning.counting`): each distinct rank's step
+(the partitions it runs, at their largest resolution) on fake tensors gives its FLOPs by part
+and its activation peak. The rest is arithmetic stated here:
+
+**Memory per rank** (bytes): the trainable parameters ``P`` (student, heads, balancer) in
+their float32 master copy, their gradients and the optimizer's state (two moments for Adam,
+AdamW, LAMB; one for SGD with momentum, Lion), each divided by the ``N`` data-parallel ranks
+under FSDP2 (``ModelParallelStrategy``; teachers are never sharded), whole under DDP (whose
+gradient buckets hold a second copy of the gradients); the EMA student (MESA) sharded like
+the student; every teacher's weights in its own dtype (each rank holds all of them); plus the
+counted step peak (activations, temporaries, autocast's bf16 weight copies, the gradients as
+the backward produces them).
+
+**Step time** (one rank; the step is the slowest rank's, since ranks meet at the gradients'
+collective): teachers' FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the
+student's forward, heads, EMA student and backward at the student efficiency, the optimizer's
+28 bytes per local parameter at the calibrated fraction of the memory bandwidth, a fixed rest
+per step (:mod:`radio_lit.planning.devices`, ``calibration.yaml``), and the collectives not
+overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
+
+**Communication** (per rank and step, ring collectives, ``(N - 1) / N`` of the data each way):
+FSDP2 gathers the student's bf16 weights once per step (``model.fsdp2.layout: student``, or
+blocks without ``reshard_after_forward``) or twice (blocks, ZeRO-3), and reduce-scatters its
+gradients in ``reduce_dtype``; DDP all-reduces float32 gradients (2x the data). At the GPU's
+NVLink bandwidth within a node, its network bandwidth once ``N`` spans nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from radio_lit.planning.counting import OTHER, StepCount
+from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
+
+__all__ = [
+    "RankPlan",
+    "StagePlan",
+    "cache_bytes_per_view",
+    "distinct_ranks",
+    "optimizer_states",
+    "plan_stage",
+    "recipe_total",
+    "table",
+]
+
+GIB = 2**30
+#: Bytes of one float32 value.
+FP32 = 4
+
+
+def _bytes(module: nn.Module | None, buffers: bool = True) -> int:
+    if module is None:
+        return 0
+    tensors = [*module.parameters(), *(module.buffers() if buffers else ())]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _count(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def optimizer_states(class_path: str) -> int:
+    """Float32 values of optimizer state per parameter: 2 (Adam, AdamW, LAMB: two moments;
+    the default, radio-lit's AdamW), 1 (SGD, Lion: one)."""
+    name = class_path.rsplit(".", 1)[-1].lower()
+    return 1 if name in ("sgd", "lion") else 2
+
+
+@dataclass
+class RankPlan:
+    """One rank's step (the first rank of its partitions): its images, resolutions, FLOPs per
+    image by part, memory (GiB) and time (ms) by part."""
+
+    rank: int
+    partitions: list[str]
+    images: dict[str, int]
+    resolutions: dict[str, list[int]]
+    flops_per_image: dict[str, float]
+    memory_gib: dict[str, float]
+    step_ms: dict[str, float]
+    fits: bool
+
+
+@dataclass
+class StagePlan:
+    """A stage at ``gpus`` GPUs (see the module docstring); ``asdict`` is ``--json``'s."""
+
+    config: str
+    gpu: dict[str, Any]
+    gpus: int
+    strategy: str
+    precision: str
+    max_steps: int | None
+    parameters: dict[str, Any]
+    ranks: list[RankPlan]
+    communication: dict[str, float]
+    step_ms: float
+    images_per_step: int
+    images_per_s_per_gpu: float
+    cached_step_ms: float
+    gpu_hours: float | None
+    wall_hours: float | None
+    cache: dict[str, Any]
+    calibration: str
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cache_bytes_per_view(module: Any, crop_size: int, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes one cached view takes (``radio-lit cache``'s layout, :mod:`radio_lit.cache`): the
+    uint8 crop, and per teacher its features ``[H, W, C]`` and summary ``[C]`` in ``dtype`` at
+    every view size the run's partitions give it (tar headers left out: 1 KiB a sample)."""
+    from radio_lit.cache.manifest import view_sizes
+
+    size = torch.empty((), dtype=dtype).element_size()
+    sizes = view_sizes(module.teachers, module.partitions, module.student.patch_size)
+    out = {"pixels": 3 * crop_size * crop_size}
+    for name, teacher in module.teachers.items():
+        values = 0
+        for height, width in sizes[name]:
+            grid = (height // teacher.patch_size) * (width // teacher.patch_size)
+            values += grid * teacher.feature_dim + (teacher.summary_dim or 0)
+        out[name] = values * size
+    return out
+
+
+def _strategy(trainer: Any) -> str:
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    if isinstance(trainer.strategy, ModelParallelStrategy):
+        return "FSDP2"
+    if isinstance(trainer.strategy, DDPStrategy):
+        return "DDP"
+    return "one device"
+
+
+def _memory(
+    module: Any, count: StepCount, strategy: str, gpus: int, states: int
+) -> dict[str, float]:
+    trainable = sum(p.numel() * p.element_size() for _, p in module.trainable_parameters())
+    shards = gpus if strategy == "FSDP2" else 1
+    memory = {
+        "student and heads": trainable / shards,
+        "gradients": trainable / shards + (trainable if strategy == "DDP" else 0),
+        "optimizer state": states * trainable / shards,
+        "EMA student": _bytes(getattr(module, "ema", None)) / shards,
+        "teachers": sum(_bytes(t) for t in module.teachers.values()),
+        "step peak": count.peak_bytes,
+    }
+    out = {k: v / GIB for k, v in memory.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _communication(module: Any, strategy: str, gpus: int, device: Device) -> dict[str, float]:
+    """Bytes each rank sends per step and their time at the link's bandwidth (ms)."""
+    trainable = sum(p.numel() for _, p in module.trainable_parameters())
+    ring = (gpus - 1) / gpus
+    if strategy == "FSDP2":
+        settings = module.fsdp2
+        gathers = 2 if settings.layout == "blocks" and settings.reshard_after_forward else 1
+        reduce = 2 if settings.reduce_dtype == "bfloat16" else FP32
+        all_gather, reduce_scatter = gathers * 2 * trainable * ring, reduce * trainable * ring
+    elif strategy == "DDP":
+        all_gather, reduce_scatter = 0.0, 2 * FP32 * trainable * ring
+    else:
+        all_gather = reduce_scatter = 0.0
+    link = device.link_gb_per_s(gpus)
+    total = all_gather + reduce_scatter
+    return {
+        "all_gather_gb": all_gather / 1e9,
+        "reduce_gb": reduce_scatter / 1e9,
+        "link_gb_per_s": link,
+        "ms": total / (link * 1e9) * 1e3,
+    }
+
+
+def _times(
+    module: Any, count: StepCount, strategy: str, gpus: int, device: Device, fit: Calibration
+) -> dict[str, float]:
+    peak = device.bf16_tflops * 1e12
+    teachers = sum(f for p, f in count.flops.items() if p.startswith(("teacher ", "upsampler ")))
+    student = sum(
+        f for p, f in count.flops.items() if not p.startswith(("teacher ", "upsampler ", OTHER))
+    )
+    trainable = sum(p.numel() for _, p in module.trainable_parameters())
+    local = trainable / (gpus if strategy == "FSDP2" else 1)
+    moved = local * OPTIMIZER_BYTES_PER_PARAMETER
+    return {
+        "teachers": teachers / (peak * fit.teacher_efficiency) * 1e3,
+        "student": student / (peak * fit.student_efficiency) * 1e3,
+        "optimizer": moved / (device.memory_tb_per_s * 1e12 * fit.optimizer_efficiency) * 1e3,
+        "rest": fit.rest_ms,
+    }
+
+
+def _parameters(module: Any) -> dict[str, Any]:
+    teachers, upsamplers = {}, {}
+    for name, teacher in module.teachers.items():
+        upsampler = getattr(teacher, "upsampler", None)
+        teachers[name] = _count(teacher) - _count(upsampler)
+        if isinstance(upsampler, nn.Module):
+            upsamplers[name] = _count(upsampler)
+    out: dict[str, Any] = {
+        "student": _count(module.student),
+        "heads": {name: _count(head) for name, head in module.heads.items()},
+        "teachers": teachers,
+    }
+    if upsamplers:
+        out["upsamplers"] = upsamplers
+    if getattr(module, "ema", None) is not None:
+        out["EMA student"] = _count(module.ema)
+    return out
+
+
+def _advice(module: Any, rank: RankPlan, device: Device, strategy: str) -> str:
+    """The warning of a rank that does not fit: by how much, and what to change first."""
+    memory = rank.memory_gib
+    over = memory["total"] - device.memory_gib
+    biggest = max(rank.images, key=lambda p: rank.images[p] * math.prod(rank.resolutions[p]))
+    fixes = [
+        f"model.partitions.{biggest}.batch_size (its {rank.images[biggest]} images per rank) or "
+        f"its largest resolution ({rank.resolutions[biggest][0]} px): the step peak "
+        f"{memory['step peak']:.1f} GiB grows with both",
+        "activation checkpointing of the student (not in radio-lit yet) would keep a fraction "
+        "of its activations",
+    ]
+    float_teachers = [
+        n
+        for n, t in module.teachers.items()
+        if next(t.parameters(), torch.empty(0)).dtype == torch.float32
+    ]
+    if float_teachers:
+        fixes.append(
+            "model.teachers.<name>.init_args.dtype: bfloat16 for "
+            + ", ".join(float_teachers)
+            + " (half their weights)"
+        )
+    if strategy != "FSDP2":
+        fixes.append(
+            "trainer.strategy radio_lit.distributed.strategies.ModelParallelStrategy (FSDP2 "
+            "shards the student, its gradients and optimizer state)"
+        )
+    return (
+        f"rank {rank.rank} ({', '.join(rank.partitions)}) needs {memory['total']:.1f} GiB, "
+        f"{over:.1f} GiB more than the {device.memory_gib:.1f} GiB of a {device.name}: "
+        "lower " + "; or ".join(fixes)
+    )
+
+
+def distinct_ranks(partitions: Any, gpus: int) -> list[int]:
+    """The first rank of each set of partitions a rank runs at ``gpus`` ranks (a
+    :class:`~radio_lit.training.partitions.PartitionPlan`); ``ValueError`` when a partition's
+    batch does not split over its ranks."""
+    placement = partitions.place(gpus, 0)
+    runs: dict[tuple[str, ...], int] = {}
+    for rank in range(gpus):
+        mine = tuple(p for p, ranks in placement.ranks.items() if rank in ranks)
+        runs.setdefault(mine, rank)
+    return list(runs.values())
+
+
+def plan_stage(
+    module: Any,
+    trainer: Any,
+    counts: Mapping[int, StepCount],
+    *,
+    config: str,
+    gpus: int,
+    device: Device,
+    fit: Calibration,
+    optimizer_class: str,
+    data_batch: int,
+    crop_size: int,
+    cache_images: int,
+    cache_dtype: torch.dtype,
+) -> StagePlan:
+    """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``)."""
+    strategy = _strategy(trainer)
+    if gpus > 1 and strategy == "one device":
+        strategy = "DDP"  # Lightning's default for several devices
+    states = optimizer_states(optimizer_class)
+    partitions = module.partitions
+    partitions.place(gpus, 0)
+    ranks, step = [], 0.0
+    for rank, count in counts.items():
+        memory = _memory(module, count, strategy, gpus, states)
+        times = _times(module, count, strategy, gpus, device, fit)
+        times["total"] = sum(times.values())
+        step = max(step, times["total"])
+        images = max(count.total_images, 1)
+        ranks.append(
+            RankPlan(
+                rank=rank,
+                partitions=list(count.images),
+                images=count.images,
+                resolutions={p: list(r) for p, r in count.resolutions.items()},
+                flops_per_image={p: f / images for p, f in sorted(count.flops.items())},
+                memory_gib=memory,
+                step_ms=times,
+                fits=memory["total"] <= device.memory_gib,
+            )
+        )
+    communication = _communication(module, strategy, gpus, device)
+    step += communication["ms"]
+    batches = [p.batch_size for p in partitions.partitions.values()]
+    per_step = sum(batches) if None not in batches else data_batch * gpus
+    slowest = max(ranks, key=lambda r: r.step_ms["total"])
+    cached = step - slowest.step_ms["teachers"]
+    max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+    hours = None if max_steps is None else max_steps * step / 1e3 / 3600
+    per_view = cache_bytes_per_view(module, crop_size, cache_dtype)
+    cache = {
+        "images": cache_images,
+        "dtype": str(cache_dtype).removeprefix("torch."),
+        "bytes_per_view": per_view,
+        "total_tb": cache_images * (sum(per_view.values()) + 1024) / 1e12,
+    }
+    stage = StagePlan(
+        config=config,
+        gpu=asdict(device),
+        gpus=gpus,
+        strategy=strategy,
+        precision=str(trainer.precision),
+        max_steps=max_steps,
+        parameters=_parameters(module),
+        ranks=ranks,
+        communication=communication,
+        step_ms=step,
+        images_per_step=per_step,
+        images_per_s_per_gpu=per_step / (step / 1e3) / gpus,
+        cached_step_ms=cached,
+        gpu_hours=None if hours is None else hours * gpus,
+        wall_hours=hours,
+        cache=cache,
+        calibration=fit.source,
+    )
+    stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
+    return stage
+
+
+def recipe_total(stages: Sequence[StagePlan]) -> dict[str, float | None]:
+    """GPU-hours and wall hours of the stages one after the other (``None`` if any stage has
+    no ``max_steps``)."""
+    if any(s.gpu_hours is None for s in stages):
+        return {"gpu_hours": None, "wall_hours": None}
+    return {
+        "gpu_hours": sum(s.gpu_hours or 0.0 for s in stages),
+        "wall_hours": sum(s.wall_hours or 0.0 for s in stages),
+    }
+
+
+def _fmt_parts(flops: Mapping[str, float]) -> str:
+    return ", ".join(f"{p} {f / 1e9:,.1f}" for p, f in flops.items() if f)
+
+
+def table(stage: StagePlan) -> str:
+    """The human-readable plan of one stage (what ``radio-lit plan`` prints)."""
+    gpu = stage.gpu
+    lines = [
+        f"plan: {stage.config} on {stage.gpus} x {gpu['name']} ({stage.strategy}, "
+        f"{stage.precision}; {gpu['bf16_tflops']:g} TFLOP/s bf16, "
+        f"{gpu['memory_tb_per_s']:g} TB/s, {gpu['memory_gib']:g} GiB)",
+    ]
+    params = stage.parameters
+    heads = sum(params["heads"].values())
+    teachers = ", ".join(f"{n} {c / 1e6:,.1f} M" for n, c in params["teachers"].items())
+    extra = "".join(
+        f"; upsampler {n} {c / 1e6:,.1f} M" for n, c in params.get("upsamplers", {}).items()
+    )
+    lines.append(
+        f"parameters: student {params['student'] / 1e6:,.1f} M, heads {heads / 1e6:,.1f} M; "
+        f"teachers {teachers}{extra}"
+    )
+    lines.append("")
+    names = ["student and heads", "gradients", "optimizer state", "EMA student", "teachers"]
+    names += ["step peak", "total"]
+    header = f"{'rank (partitions)':<34}" + "".join(f"{n[:12]:>13}" for n in names)
+    lines += ["memory per rank, GiB", header]
+    for rank in stage.ranks:
+        who = f"{rank.rank} ({', '.join(rank.partitions)})"
+        cells = "".join(f"{rank.memory_gib[n]:>13.2f}" for n in names)
+        verdict = "fits" if rank.fits else "DOES NOT FIT"
+        lines.append(f"{who:<34}{cells}  {verdict}")
+    lines.append("")
+    lines.append("per rank: images, resolution, GFLOP per image by part, step ms by part")
+    for rank in stage.ranks:
+        where = ", ".join(
+            f"{p} {rank.images[p]} x {rank.resolutions[p][0]} px" for p in rank.partitions
+        )
+        ms = ", ".join(f"{k} {v:,.1f}" for k, v in rank.step_ms.items())
+        lines.append(f"  rank {rank.rank}: {where}")
+        lines.append(f"    GFLOP/image: {_fmt_parts(rank.flops_per_image)}")
+        lines.append(f"    ms: {ms}")
+    comm = stage.communication
+    lines.append("")
+    lines.append(
+        f"communication per rank and step: all-gather {comm['all_gather_gb']:.2f} GB, "
+        f"reduce {comm['reduce_gb']:.2f} GB at {comm['link_gb_per_s']:g} GB/s: "
+        f"{comm['ms']:.1f} ms"
+    )
+    lines.append(
+        f"step: {stage.step_ms:,.1f} ms for {stage.images_per_step:,} images; "
+        f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU "
+        f"(from a full teacher cache: {stage.cached_step_ms:,.1f} ms)"
+    )
+    if stage.max_steps is not None:
+        lines.append(
+            f"max_steps {stage.max_steps:,}: {stage.gpu_hours:,.0f} GPU-hours, "
+            f"{stage.wall_hours:,.1f} h wall at {stage.gpus} GPUs"
+        )
+    cache = stage.cache
+    per_view = sum(cache["bytes_per_view"].values())
+    lines.append(
+        f"teacher cache: {per_view / 2**20:,.2f} MiB per view ({cache['dtype']}), "
+        f"{cache['total_tb']:,.2f} TB for {cache['images']:,} images, one view each"
+    )
+    lines.append(f"calibration: {stage.calibration}")
+    lines += [f"warning: {w}" for w in stage.warnings]
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""Every shipped distillation config planned by ``radio-lit plan``'s counting on this CPU: a
+CPU-sized config's shared build (:mod:`tests.configs.shipped`) at its own world, a GPU recipe
+at CPU size (:func:`~tests.configs.shipped.cpu_sized`: tiny teachers of the same families, a
+2-block student of its family, its partitions one rank's share, one rank; a build of its own,
+hence ``slow``), each distinct rank counted on fake tensors, then the stage's plan. (The real
+sizes: ``tests/planning/test_measured_runs.py``; ``configs/featsharp`` trains a module of its
+own, which ``radio-lit plan`` refuses.)"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from benchmarks.gpu_check import own_module, world_size
+from radio_lit.planning.counting import count_step, fake_module
+from radio_lit.planning.devices import calibration, device
+from radio_lit.planning.plan import distinct_ranks, plan_stage
+from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe, raw
+
+NAMES = [
+    pytest.param(name, marks=[pytest.mark.slow] if gpu_recipe(name) else [])
+    for name in CONFIGS
+    if not own_module(raw(name))
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plan_counts_the_config(name):
+    cli = cpu_sized(name, "--model.init_from=null") if gpu_recipe(name) else built(name)
+    module = copy.deepcopy(cli.model)  # the shared build stays real
+    gpus = 1 if gpu_recipe(name) else world_size(raw(name))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_module(module, mode)
+    data = cli.datamodule
+    counts = {}
+    for rank in distinct_ranks(module.partitions, gpus):
+        module.partitions.place(gpus, rank)
+        batch = module.partitions.rank_batch_size() or data.batch_size
+        counts[rank] = count_step(module, mode, data.crop_size, batch, None, gpus, rank)
+    stage = plan_stage(
+        module,
+        cli.trainer,
+        counts,
+        config=name,
+        gpus=gpus,
+        device=device("h100"),
+        fit=calibration(),
+        optimizer_class=str((raw(name)["model"].get("optimizer") or {}).get("class_path", "")),
+        data_batch=data.batch_size,
+        crop_size=data.crop_size,
+        cache_images=1000,
+        cache_dtype=torch.float32,
+    )
+    plan = module.partitions
+    for rank in stage.ranks:
+        teachers = {t for p in rank.partitions for t in plan.members[p]}
+        parts = rank.flops_per_image
+        assert all(parts.get(f"teacher {t}", 0) > 0 for t in teachers), (rank.rank, parts)
+        assert parts["student forward"] > 0 and parts["backward"] > parts["student forward"]
+        assert rank.memory_gib["total"] > rank.memory_gib["step peak"] > 0
+        assert set(rank.images) == set(rank.partitions)
+    assert stage.step_ms > 0 and stage.images_per_step > 0
+    assert sum(stage.cache["bytes_per_view"].values()) > 0
