@@ -296,7 +296,8 @@ def count_step(
 
     Each partition with several resolutions runs at its largest [choice: the step that sets
     the peak memory and the longest one; a run draws one per step]. Statistics are taken as
-    fitted (the steady state after ``TeacherStatsEstimation``'s steps).
+    fitted (the steady state after ``TeacherStatsEstimation``'s steps), and a published
+    model's imported heads composed with them (``module.imported_heads`` is emptied).
     """
     from radio_lit.students.spectral_reparam import spectral_step
 
@@ -310,6 +311,9 @@ def count_step(
         for normalizer in statistics.values():
             normalizer._is_fitted = True  # the host flag every statistic reads
     module.estimate_statistics = module.refit_statistics = False
+    imported = getattr(module, "imported_heads", None)  # model.init_from's published heads:
+    if imported is not None:  # taken as composed with those statistics (a refit's, not a step's)
+        imported.names.clear()
     for parameter in module.parameters():  # an earlier count's gradients: not this step's
         parameter.grad = None
     module.train()

@@ -27,6 +27,16 @@ NAMES = [
 ]
 
 
+def _forwards(module, teachers):
+    """The rank's teachers grouped by the model they run: a RADIO's entries share one model
+    and its one forward per view (``RADIOTeacher.source``), counted under the first of them."""
+    groups = {}
+    for name in sorted(teachers):
+        source = getattr(module.teachers[name], "source", None)
+        groups.setdefault(id(source) if source is not None else name, []).append(name)
+    return groups.values()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_plan_counts_the_config(name):
     cli = cpu_sized(name, "--model.init_from=null") if gpu_recipe(name) else built(name)
@@ -58,7 +68,8 @@ def test_plan_counts_the_config(name):
     for rank in stage.ranks:
         teachers = {t for p in rank.partitions for t in plan.members[p]}
         parts = rank.flops_per_image
-        assert all(parts.get(f"teacher {t}", 0) > 0 for t in teachers), (rank.rank, parts)
+        for shared in _forwards(module, teachers):  # entries of one RADIO run it once
+            assert any(parts.get(f"teacher {t}", 0) > 0 for t in shared), (rank.rank, parts)
         assert parts["student forward"] > 0 and parts["backward"] > parts["student forward"]
         assert rank.memory_gib["total"] > rank.memory_gib["step peak"] > 0
         assert set(rank.images) == set(rank.partitions)
