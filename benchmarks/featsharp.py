@@ -300,12 +300,10 @@ def build(
     warmup: int,
     seed: int = 0,
     statistics_batches: int = 100,
-    level_tiles: bool | None = None,
 ) -> object:
     """The quickstart's ``RadioLitCLI`` with :class:`FieldTeacher` as its teacher, ``steps``
     steps of which ``warmup`` warm up, seeded with ``seed``, its normalizer from a pre-pass
-    of ``statistics_batches``, the upsampler's ``level_tiles`` given (``None``: the config's),
-    no logger, checkpoints or PCA panels."""
+    of ``statistics_batches``, no logger, checkpoints or PCA panels."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from radio_lit.evaluation import UpsamplerImages
@@ -318,8 +316,6 @@ def build(
     config["model"]["init_args"]["warmup_steps"] = warmup
     config["model"]["init_args"]["statistics_batches"] = statistics_batches
     config["seed_everything"] = seed
-    if level_tiles is not None:
-        config["model"]["init_args"]["upsampler"]["init_args"]["level_tiles"] = level_tiles
     if lr_scales:
         config["model"]["init_args"]["lr_scales"] = lr_scales
     config["trainer"].pop("logger", None)
@@ -425,7 +421,6 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
         args.warmup,
         seed,
         args.statistics_batches,
-        None if args.level_tiles is None else bool(args.level_tiles),
     )
     harness.quiet()
     module = cli.model
@@ -521,12 +516,6 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str, float
         type=float,
         default=1.0,
         help="the bias's rate over the config's (default 1)",
-    )
-    parser.add_argument(
-        "--level-tiles",
-        type=int,
-        choices=(0, 1),
-        help="the upsampler's level_tiles (default: the config's)",
     )
     parser.add_argument("--eval-images", type=int, default=64, help="held-out images")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")

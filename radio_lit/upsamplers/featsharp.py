@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from radio_lit.core.outputs import TeacherOutput
@@ -27,7 +26,7 @@ from radio_lit.upsamplers.fusion import FusionBlock, TileEmbedding
 from radio_lit.upsamplers.jbu import JBUStack
 from radio_lit.upsamplers.passes import teacher_passes
 
-__all__ = ["FeatSharp", "level_tiles"]
+__all__ = ["FeatSharp"]
 
 #: ``(dim, factor) -> module``: base upsampler, ``[B, C, h, w]`` + image -> ``[B, C, k h, k w]``.
 BaseFactory = Callable[[int, int], nn.Module]
@@ -35,15 +34,6 @@ BaseFactory = Callable[[int, int], nn.Module]
 FusionFactory = Callable[[int], nn.Module]
 #: ``dim -> normalizer`` of the teacher's features (``radio_lit.normalizers``).
 NormalizerFactory = Callable[[int], Normalizer]
-
-
-def level_tiles(tiles: Tensor, low: Tensor, factor: int) -> Tensor:
-    """The tile map ``[B, k h, k w, C]`` with the mean of each ``k x k`` cell over the
-    low-resolution grid replaced by ``low [B, h, w, C]``'s token at that cell: the tiles' detail
-    within a cell, the low-resolution pass's level (``FeatSharp(level_tiles=True)``)."""
-    cells = F.avg_pool2d(tiles.permute(0, 3, 1, 2), factor).permute(0, 2, 3, 1)
-    offset = (low - cells).repeat_interleave(factor, 1).repeat_interleave(factor, 2)
-    return tiles + offset
 
 
 class FeatSharp(nn.Module):
@@ -58,13 +48,6 @@ class FeatSharp(nn.Module):
         normalizer: the teacher's normalized space (default PHI-S, as the paper's); its
             statistics are estimated first (``radio_lit.callbacks.TeacherStatsEstimation``).
         tile_code: the learned tile positional code [paper: on].
-        level_tiles: give the fusion block the tile map with each ``k x k`` cell's mean
-            replaced by the low-resolution pass's token there (:func:`level_tiles`) [choice,
-            off in the paper: a tile sees only its part of the image, so whatever a teacher's
-            features owe to the whole image (global attention) is wrong in the tile pass by
-            a different amount per tile, and the fusion block copies that error with the
-            tiles' detail; leveled, the tiles bring only detail within a cell, and the level
-            comes from the pass that saw the whole image (benchmarks/featsharp.py)].
     """
 
     def __init__(
@@ -76,7 +59,6 @@ class FeatSharp(nn.Module):
         fusion: FusionFactory = FusionBlock,
         normalizer: NormalizerFactory = PhiS,
         tile_code: bool = True,
-        level_tiles: bool = False,
     ) -> None:
         super().__init__()
         if factor < 2:
@@ -87,7 +69,6 @@ class FeatSharp(nn.Module):
         self.base = base(dim, factor)
         self.tile_code = TileEmbedding(dim, factor) if tile_code else None
         self.fusion = fusion(dim)
-        self.level_tiles = level_tiles
 
     def prepare(self, features: Tensor, tiles: int = 1) -> Tensor:
         """Teacher features ``[B, H, W, C]`` normalized and de-biased (``tiles = k``: a
@@ -104,8 +85,6 @@ class FeatSharp(nn.Module):
         """
         low = self.prepare(low)
         tiles = self.prepare(tiles, self.factor)
-        if self.level_tiles:
-            tiles = level_tiles(tiles, low, self.factor)
         base = self.base(low.permute(0, 3, 1, 2), image).permute(0, 2, 3, 1)
         if self.tile_code is not None:
             tiles = self.tile_code(tiles)

@@ -22,7 +22,6 @@ from radio_lit.upsamplers import (
     teacher_passes,
     warp_cells,
 )
-from radio_lit.upsamplers.featsharp import level_tiles
 from radio_lit.upsamplers.passes import cut_tiles, stitch_tiles
 from tests.teachers.tiny import tiny_clip_teacher
 
@@ -215,18 +214,3 @@ def test_logit_dropout_zeroes_the_content_logit_and_keeps_the_taps_bias():
         plain.saliency.weight.zero_()
         plain.saliency.bias.zero_()
     torch.testing.assert_close(dropped, plain(x))
-
-
-def test_leveled_tiles_keep_their_detail_and_take_the_low_resolution_level():
-    torch.manual_seed(0)
-    tiles, low = torch.randn(2, 12, 12, 5), torch.randn(2, 4, 4, 5)
-    leveled = level_tiles(tiles, low, 3)
-
-    def cells(x):
-        return F.avg_pool2d(x.permute(0, 3, 1, 2), 3).permute(0, 2, 3, 1)
-
-    def detail(x):
-        return x - cells(x).repeat_interleave(3, 1).repeat_interleave(3, 2)
-
-    torch.testing.assert_close(cells(leveled), low)
-    torch.testing.assert_close(detail(leveled), detail(tiles))
