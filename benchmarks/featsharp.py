@@ -300,10 +300,12 @@ def build(
     warmup: int,
     seed: int = 0,
     statistics_batches: int = 100,
+    bias_from_statistics: bool | None = None,
 ) -> object:
     """The quickstart's ``RadioLitCLI`` with :class:`FieldTeacher` as its teacher, ``steps``
     steps of which ``warmup`` warm up, seeded with ``seed``, its normalizer from a pre-pass
-    of ``statistics_batches``, no logger, checkpoints or PCA panels."""
+    of ``statistics_batches``, ``bias_from_statistics`` given (``None``: the module's
+    default), no logger, checkpoints or PCA panels."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from radio_lit.evaluation import UpsamplerImages
@@ -316,6 +318,8 @@ def build(
     config["model"]["init_args"]["warmup_steps"] = warmup
     config["model"]["init_args"]["statistics_batches"] = statistics_batches
     config["seed_everything"] = seed
+    if bias_from_statistics is not None:
+        config["model"]["init_args"]["bias_from_statistics"] = bias_from_statistics
     if lr_scales:
         config["model"]["init_args"]["lr_scales"] = lr_scales
     config["trainer"].pop("logger", None)
@@ -421,6 +425,7 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
         args.warmup,
         seed,
         args.statistics_batches,
+        {"zero": False, "mean": True, None: None}[args.bias_start],
     )
     harness.quiet()
     module = cli.model
@@ -516,6 +521,12 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str, float
         type=float,
         default=1.0,
         help="the bias's rate over the config's (default 1)",
+    )
+    parser.add_argument(
+        "--bias-start",
+        choices=("zero", "mean"),
+        help="the bias's start: zero (the paper's) or the pre-pass's position-locked mean "
+        "(FeatSharpModule.bias_from_statistics; default: the module's)",
     )
     parser.add_argument("--eval-images", type=int, default=64, help="held-out images")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")

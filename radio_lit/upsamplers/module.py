@@ -38,6 +38,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
@@ -132,6 +133,13 @@ class FeatSharpModule(pl.LightningModule):
         statistics_batches: training batches of the pre-pass that estimates the normalizer
             from the teacher's low-resolution pass before the first optimizer step
             [notes 2.1: FeatSharp's base config, 3,000]; fewer when an epoch is shorter.
+        bias_from_statistics: start the de-biasing buffer at the negative of the pre-pass's
+            position-locked mean (the low-resolution pass's mean at each token over the
+            pre-pass's images, less its mean over the grid, in the normalized space) instead
+            of zero [choice; the paper starts it at zero: a large position-locked token (a
+            ViT's high-norm token) is far from a zero start, and while the bias travels there
+            the fusion block and the downsampler learn to reproduce what it has not yet
+            cancelled (benchmarks/featsharp.py, kind ``structured``)].
         keep_teacher_weights: also save the teacher's weights in checkpoints, for teachers with
             random weights (the quickstarts), so that an
             :class:`~radio_lit.upsamplers.UpsampledTeacher` gets the teacher its upsampler was
@@ -152,6 +160,7 @@ class FeatSharpModule(pl.LightningModule):
         warmup_start: float = 0.1,
         min_lr_ratio: float = 0.0,
         statistics_batches: int = 3000,
+        bias_from_statistics: bool = True,
         keep_teacher_weights: bool = False,
     ) -> None:
         super().__init__()
@@ -178,6 +187,7 @@ class FeatSharpModule(pl.LightningModule):
         self.min_lr_ratio = min_lr_ratio
         self.keep_teacher_weights = keep_teacher_weights
         self.statistics_batches = statistics_batches
+        self.bias_from_statistics = bias_from_statistics
         self.streams = {"views": RankStream(VIEW_STREAM), "dropout": RankStream(DROPOUT_STREAM)}
         self.register_load_state_dict_post_hook(_teacher_not_saved)
 
@@ -204,19 +214,29 @@ class FeatSharpModule(pl.LightningModule):
     @torch.no_grad()
     def fit_normalizer(self, loader: Iterable[Any]) -> int:
         """Accumulate the teacher's low-resolution pass over the first ``statistics_batches``
-        batches of ``loader`` (images ``[B, 3, S, S]``) and fit the normalizer; returns the
-        number of batches. Every rank calls it together (the statistics are all-reduced)."""
+        batches of ``loader`` (images ``[B, 3, S, S]``) and fit the normalizer (and, with
+        ``bias_from_statistics``, start the bias); returns the number of batches. Every rank
+        calls it together (the statistics are all-reduced)."""
         normalizer = self.upsampler.normalizer
         normalizer.reset()
         strategy, precision = self.trainer.strategy, self.trainer.precision_plugin
-        batches = 0
+        batches, sums = 0, torch.zeros(1 + self.teacher.feature_dim, *self.teacher.grid_size)
+        sums = sums.to(self.device, torch.float64)
         for batch in itertools.islice(loader, self.statistics_batches):
             images = as_float_images(strategy.batch_to_device(batch))
             with precision.forward_context():
                 features = low_pass(self.teacher, images)
             normalizer.update(features)
+            sums[0] += features.shape[0]
+            sums[1:] += features.double().sum(0).permute(2, 0, 1)
             batches += 1
         normalizer.fit()
+        if self.bias_from_statistics:
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(sums)
+            mean = (sums[1:] / sums[0].clamp_min(1)).permute(1, 2, 0).float()  # [h, w, C]
+            locked = normalizer(mean) - normalizer(mean.mean((0, 1), keepdim=True))
+            self.upsampler.bias.bias.copy_(-locked.permute(2, 0, 1))
         return batches
 
     # -- one step ----------------------------------------------------------------------------
