@@ -40,6 +40,8 @@ class NormalizerStates(pl.Callback):
         normalizer = pl_module.upsampler.normalizer
         assert normalizer.is_fitted  # fitted before the first step
         self.states.append({k: v.clone() for k, v in normalizer.state_dict().items()})
+        if len(self.states) == 1:  # the bias as the pre-pass started it
+            self.bias_start = pl_module.upsampler.bias.bias.detach().clone()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def trained(tmp_path_factory):
     recorder = NormalizerStates()
     cli.trainer.callbacks.append(recorder)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    cli.normalizer_states = recorder.states
+    cli.normalizer_states, cli.bias_start = recorder.states, recorder.bias_start
     return cli, Path(cli.trainer.log_dir)
 
 
@@ -89,7 +91,9 @@ def test_the_quickstart_trains_logs_and_checkpoints(trained):
     assert panels and (panels[-1].width, panels[-1].height) == (4 * 128, 128)
     loss = [e.value for e in events.Scalars("train/mse")]
     assert sum(loss[-2:]) < sum(loss[:2])  # consistency improves
-    assert float(cli.model.upsampler.bias.bias.abs().max()) > 0  # the bias learns
+    start = cli.bias_start  # the pre-pass's position-locked mean, negated [choice]
+    assert float(start.abs().max()) > 0 and float(start.mean((1, 2)).abs().max()) < 1e-5
+    assert not torch.equal(cli.model.upsampler.bias.bias.detach(), start)  # the bias learns
     # the groups' rates: the paper's (JBU 0.2x, uncertainty 0.02x) and the bias's 10x [choice]
     rates = {}
     for group in cli.trainer.optimizers[0].param_groups:
