@@ -14,13 +14,16 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from radio_lit.core.errors import ConfigError
+
 
 @runtime_checkable
 class EstimatesStatistics(Protocol):
     """What the callback drives: a LightningModule with teacher statistics (normalizers,
     summary dispersions) that it accumulates while ``estimate_statistics`` is set and refits
-    while ``refit_statistics`` is: :class:`~radio_lit.module.DistillationModule`,
-    :class:`~radio_lit.upsamplers.FeatSharpModule`."""
+    while ``refit_statistics`` is: :class:`~radio_lit.module.DistillationModule`.
+    (:class:`~radio_lit.upsamplers.FeatSharpModule` fixes its normalizer before its first step,
+    by a pre-pass of its own, as FeatSharp does.)"""
 
     estimate_statistics: bool
     refit_statistics: bool
@@ -29,12 +32,15 @@ class EstimatesStatistics(Protocol):
 
 
 def _estimating(pl_module: pl.LightningModule) -> Any:
-    """``pl_module``, or a TypeError saying what the callback needs of it."""
+    """``pl_module``, or a :class:`~radio_lit.core.errors.ConfigError` saying what the callback
+    needs of it."""
     if not isinstance(pl_module, EstimatesStatistics):
-        raise TypeError(
+        raise ConfigError(
             "TeacherStatsEstimation needs a module with teacher statistics "
             "(teacher_statistics(), estimate_statistics, refit_statistics), such as "
-            f"radio_lit.DistillationModule; got {type(pl_module).__name__}"
+            f"radio_lit.DistillationModule; got {type(pl_module).__name__} (a FeatSharpModule "
+            "estimates its normalizer itself before its first step: remove the callback and "
+            "set model.init_args.statistics_batches)"
         )
     return pl_module
 

@@ -4,7 +4,8 @@
 It maps a high-resolution map back to the teacher's grid as the teacher would see it: a fixed
 ``5 x 5`` Gaussian blur, then at every output cell a softmax-weighted average over a
 ``9 x 9`` window of the blurred map, with logits from a convolution of the map (a saliency per
-position) plus a learned bias per window tap; in training 20 % of the logits are dropped.
+position) plus a learned bias per window tap; in training 20 % of the content logits are
+zeroed, each tap keeping its bias (FeatSharp's code: ``patches * keep_mask + logit_bias``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class AttentionDownsampler(nn.Module):
             ``sqrt((k² - 1) / 12)`` (0.82 for ``k = 3``), and a softmax window (positive
             weights) only widens the blur, so a wider pre-blur leaves no downsampler that
             matches the teacher and the upsampler must over-sharpen to meet the targets.
-        dropout: share of logits dropped in training [notes 4.4: 0.2].
+        dropout: share of content logits zeroed in training [notes 4.4: 0.2] (FeatSharp's
+            code also zeroes them outside training; here validation's downsampler is
+            deterministic [choice]).
     """
 
     def __init__(
@@ -58,11 +61,9 @@ class AttentionDownsampler(nn.Module):
         )
         values, _, inside = window_taps(blurred, self.kernel, self.factor, size)
         saliency, _, _ = window_taps(self.saliency(x)[:, 0], self.kernel, self.factor, size)
-        logits = torch.stack(saliency, 1) + self.tap_bias[None, :, None, None]
-        drop = ~inside[None]
+        content = torch.stack(saliency, 1)
         if self.training and self.dropout > 0:
-            dropped = torch.rand_like(logits) < self.dropout
-            keep_one = (dropped | drop).all(1, keepdim=True)  # never drop a whole window
-            drop = drop | (dropped & ~keep_one)
-        logits = logits.masked_fill(drop, float("-inf"))
+            content = content * (torch.rand_like(content) >= self.dropout)
+        logits = content + self.tap_bias[None, :, None, None]
+        logits = logits.masked_fill(~inside[None], float("-inf"))  # taps outside the map
         return weighted_sum(values, logits.softmax(1), dim=1)

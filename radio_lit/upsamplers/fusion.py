@@ -3,9 +3,11 @@
 The tile map gets a learned code per tile (``C x k x k``, repeated over each tile's area); the
 base-upsampled map and the tile map are concatenated (``2C`` channels per token) and pass one
 transformer block with local 2D attention over a ``7 x 7`` neighbourhood and an ALiBi-style
-distance bias (row distance for even heads, column distance for odd ones), and a SwiGLU MLP;
-the first ``C`` channels, those of the base path, are kept: the block learns a residual
-correction of the base map from the tiles.
+distance bias (row distance for even heads, column distance for odd ones, one slope per
+row/column pair), and a SwiGLU MLP from ``2C`` to ``C`` (nominal hidden width ``4C``); the
+first ``C`` channels, those of the base path, are kept: the block learns a residual
+correction of the base map from the tiles. (FeatSharp's code: the MLP's ``out_features`` is
+``C``, its ``hidden_features`` ``4C``; its ALiBi slopes ``2^-(⌊h/2⌋ + 1)``.)
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class NeighbourhoodAttention(nn.Module):
     """Multi-head attention of each token to its ``window x window`` neighbourhood.
 
     Logits: ``q·k / sqrt(d) - m_h · distance``, the distance along rows for even heads and
-    along columns for odd ones, with ALiBi's slopes ``m_h = 2^(-8 (h + 1) / heads)``;
-    neighbours outside the map are left out.
+    along columns for odd ones, one slope per row/column pair, ``m_h = 2^-(⌊h/2⌋ + 1)``
+    (FeatSharp's: ``1/2, 1/2, 1/4, 1/4, ...``; with its 16 heads ALiBi's geometric slopes
+    over the 8 pairs); neighbours outside the map are left out.
 
     Args:
         width: token width ``D``.
@@ -62,7 +65,7 @@ class NeighbourhoodAttention(nn.Module):
         self.heads, self.window = heads, window
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
-        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+        slopes = torch.tensor([2.0 ** -(h // 2 + 1) for h in range(heads)])
         self.register_buffer("slopes", slopes, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -85,12 +88,12 @@ class NeighbourhoodAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``W_out (silu(W_gate x) * W_up x)`` with a hidden width of ``2/3`` of the nominal one."""
+    """``W_out (silu(W_gate x) * W_up x)``: ``[..., width]`` -> ``[..., out]``."""
 
-    def __init__(self, width: int, hidden: int) -> None:
+    def __init__(self, width: int, hidden: int, out: int) -> None:
         super().__init__()
         self.gate_up = nn.Linear(width, 2 * hidden)
-        self.out = nn.Linear(hidden, width)
+        self.out = nn.Linear(hidden, out)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x).chunk(2, -1)
@@ -104,8 +107,9 @@ class FusionBlock(nn.Module):
         dim: the teacher's channels ``C`` (the block's width is ``2C``).
         heads: attention heads [notes 4.2: 16].
         window: neighbourhood side [notes 4.2: 7].
-        mlp_ratio: nominal SwiGLU hidden width over the block width (4; the hidden width is
-            ``2/3`` of it, rounded up to a multiple of 8 [choice]).
+        mlp_ratio: nominal SwiGLU hidden width over the teacher's channels ``C`` (FeatSharp's
+            ``4C``; the hidden width is ``2/3`` of it, rounded up to a multiple of 8, as
+            FeatSharp's); the MLP returns ``C`` channels, added to the kept base channels.
         layer_scale: LayerScale's initial value [notes 4.2: 1e-6].
         norm: LayerNorms before attention and MLP (the 3x preset, ``no-ln``, has none).
     """
@@ -121,18 +125,17 @@ class FusionBlock(nn.Module):
     ) -> None:
         super().__init__()
         width = 2 * dim
-        hidden = -(-int(width * mlp_ratio * 2 / 3) // 8) * 8
+        hidden = -(-int(dim * mlp_ratio * 2 / 3) // 8) * 8
         self.dim = dim
         self.norm1 = nn.LayerNorm(width) if norm else nn.Identity()
         self.attention = NeighbourhoodAttention(width, heads, window)
         self.norm2 = nn.LayerNorm(width) if norm else nn.Identity()
-        self.mlp = SwiGLU(width, hidden)
+        self.mlp = SwiGLU(width, hidden, dim)
         self.scale1 = nn.Parameter(torch.full((width,), layer_scale))
-        self.scale2 = nn.Parameter(torch.full((width,), layer_scale))
+        self.scale2 = nn.Parameter(torch.full((dim,), layer_scale))
 
     def forward(self, base: Tensor, tiles: Tensor) -> Tensor:
         """``base``, ``tiles`` ``[B, H, W, C]`` -> ``[B, H, W, C]``."""
         x = torch.cat([base, tiles], -1)
         x = x + self.scale1 * self.attention(self.norm1(x))
-        x = x + self.scale2 * self.mlp(self.norm2(x))
-        return x[..., : self.dim]
+        return x[..., : self.dim] + self.scale2 * self.mlp(self.norm2(x))

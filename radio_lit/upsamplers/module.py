@@ -5,36 +5,48 @@ configs/featsharp/<teacher>.yaml``.
 One step, per batch of crops ``[B, 3, S, S]``:
 
 1. the crop at ``k R`` px and ``n`` jittered views of it with their transforms
-   (:class:`~radio_lit.upsamplers.views.JitteredViews`, kornia);
+   (:class:`~radio_lit.upsamplers.views.JitteredViews`, kornia), drawn from this rank's own
+   stream (as the logit dropout of step 3), so N ranks draw N sets of views and masks
+   (:mod:`radio_lit.training.random_streams`);
 2. one batched call of the frozen teacher: the low-resolution pass, the ``k x k`` tiles and
-   the ``n`` views at ``R`` px (:func:`~radio_lit.upsamplers.passes.teacher_passes`); while
-   the statistics are estimated (``radio_lit.callbacks.TeacherStatsEstimation``) all of them
-   update the normalizer;
+   the ``n`` views at ``R`` px (:func:`~radio_lit.upsamplers.passes.teacher_passes`);
 3. the upsampler's ``k h x k w`` prediction (:class:`~radio_lit.upsamplers.FeatSharp`),
    warped into each view (kornia's ``warp_perspective``, reflection at the border), brought to
    ``h x w`` by the learned attention downsampler and compared with the teacher's normalized,
    de-biased output on that view, weighted by coverage, tile seams and the learned
    uncertainty (:mod:`~radio_lit.upsamplers.objective`).
 
+The normalized (PHI-S) space is fixed before the first optimizer step, as FeatSharp's: a
+pre-pass over ``statistics_batches`` training batches accumulates the teacher's
+low-resolution pass only, and the normalizer is fitted once and never updated again
+(:meth:`FeatSharpModule.on_train_start`): the bias, the fusion block, the downsampler and the
+uncertainty net all learn in one basis (PHI-S table 10: an eigh-based transform shifts a lot on
+small updates of the statistics).
+
 The teacher is frozen and left out of checkpoints (as in distillation); the upsampler with its
-normalizer, the downsampler and the uncertainty net are saved, and a resumed run continues
-exactly (``radio_lit.callbacks.RandomStates`` restores the generators the views and the
-logit dropout draw from).
+normalizer (statistics and fit: a resumed run skips the pre-pass), the downsampler and the
+uncertainty net are saved, with every rank's view and dropout streams, and a resumed run
+continues exactly (``radio_lit.callbacks.RandomStates`` restores the global generators).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.teachers import Teacher
+from radio_lit.training.random_streams import RankStream, gather_ranks, own_rank
+from radio_lit.training.student_step import run_seed
 from radio_lit.upsamplers.downsampler import AttentionDownsampler
 from radio_lit.upsamplers.featsharp import FeatSharp
 from radio_lit.upsamplers.objective import (
@@ -43,7 +55,7 @@ from radio_lit.upsamplers.objective import (
     consistency_loss,
     seam_weights,
 )
-from radio_lit.upsamplers.passes import TeacherPasses, teacher_passes
+from radio_lit.upsamplers.passes import low_pass, teacher_passes
 from radio_lit.upsamplers.views import JitteredViews, warp_cells
 
 __all__ = ["FeatSharpModule", "UpsamplerFactory", "nadam"]
@@ -55,6 +67,12 @@ DownsamplerFactory = Callable[[int, int], nn.Module]
 
 #: The checkpoint entry that holds a random-weight teacher's weights (``keep_teacher_weights``).
 TEACHER_WEIGHTS = "featsharp_teacher_weights"
+
+#: The checkpoint entry that holds every rank's view and dropout streams.
+RANDOM_STREAMS = "featsharp_random_streams"
+#: :class:`~radio_lit.training.random_streams.RankStream` purposes: the jittered views, the
+#: downsampler's logit dropout.
+VIEW_STREAM, DROPOUT_STREAM = 3, 4
 
 #: Learning rates relative to the optimizer's, by parameter-name prefix (``lr_scales``):
 #: JBU 0.2 and uncertainty 0.02 [notes 4.4], the de-biasing buffer 10 [choice].
@@ -112,6 +130,16 @@ class FeatSharpModule(pl.LightningModule):
             [notes 4.4: 0.1], then cosine decay to ``min_lr_ratio`` [choice: 0].
         warmup_start: see ``warmup_steps``.
         min_lr_ratio: see ``warmup_steps``.
+        statistics_batches: training batches of the pre-pass that estimates the normalizer
+            from the teacher's low-resolution pass before the first optimizer step
+            [notes 2.1: FeatSharp's base config, 3,000]; fewer when an epoch is shorter.
+        bias_from_statistics: start the de-biasing buffer at the negative of the pre-pass's
+            position-locked mean (the low-resolution pass's mean at each token over the
+            pre-pass's images, less its mean over the grid, in the normalized space) instead
+            of zero [choice; the paper starts it at zero: a large position-locked token (a
+            ViT's high-norm token) is far from a zero start, and while the bias travels there
+            the fusion block and the downsampler learn to reproduce what it has not yet
+            cancelled (benchmarks/featsharp.py, kind ``structured``)].
         keep_teacher_weights: also save the teacher's weights in checkpoints, for teachers with
             random weights (the quickstarts), so that an
             :class:`~radio_lit.upsamplers.UpsampledTeacher` gets the teacher its upsampler was
@@ -131,9 +159,15 @@ class FeatSharpModule(pl.LightningModule):
         warmup_steps: int = 100,
         warmup_start: float = 0.1,
         min_lr_ratio: float = 0.0,
+        statistics_batches: int = 3000,
+        bias_from_statistics: bool = True,
         keep_teacher_weights: bool = False,
     ) -> None:
         super().__init__()
+        if statistics_batches < 1:
+            raise ValueError(
+                f"FeatSharpModule: statistics_batches must be at least 1, got {statistics_batches}"
+            )
         self.save_hyperparameters(
             ignore=["teacher", "upsampler", "views", "downsampler", "optimizer"]
         )
@@ -152,31 +186,66 @@ class FeatSharpModule(pl.LightningModule):
         self.warmup_steps, self.warmup_start = warmup_steps, warmup_start
         self.min_lr_ratio = min_lr_ratio
         self.keep_teacher_weights = keep_teacher_weights
-        self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
+        self.statistics_batches = statistics_batches
+        self.bias_from_statistics = bias_from_statistics
+        self.streams = {"views": RankStream(VIEW_STREAM), "dropout": RankStream(DROPOUT_STREAM)}
         self.register_load_state_dict_post_hook(_teacher_not_saved)
 
-    # -- the statistics callback's protocol (radio_lit.callbacks.statistics) ------------------
-    def teacher_statistics(self) -> dict[str, nn.ModuleDict]:
-        """The teacher's normalizer, estimated first (TeacherStatsEstimation)."""
-        return {"normalizers": nn.ModuleDict({"teacher": self.upsampler.normalizer})}
+    # -- the normalized space, fixed before the first step -----------------------------------
+    def on_train_start(self) -> None:
+        """The pre-pass of a fresh run (module docstring): the normalizer's statistics from the
+        low-resolution pass of the first ``statistics_batches`` batches of a fresh iterator of
+        the training loader (per rank; the statistics pool every rank's), fitted once. A
+        resumed run has them from its checkpoint and skips it. This rank's streams start
+        (from the run's seed and the global rank) unless restored."""
+        self.start_streams(self.global_rank)
+        if self.upsampler.normalizer.is_fitted:
+            return
+        batches = self.fit_normalizer(self.trainer.train_dataloader)
+        logger = self.logger
+        diagnostics = self.upsampler.normalizer.diagnostics()
+        if logger is not None and diagnostics:
+            logger.log_metrics({f"stats/teacher/{k}": float(v) for k, v in diagnostics.items()}, 0)
+        rank_zero_info(
+            f"FeatSharpModule: the teacher's normalizer estimated from {batches} batches of its "
+            "low-resolution pass, fixed for the run"
+        )
+
+    @torch.no_grad()
+    def fit_normalizer(self, loader: Iterable[Any]) -> int:
+        """Accumulate the teacher's low-resolution pass over the first ``statistics_batches``
+        batches of ``loader`` (images ``[B, 3, S, S]``) and fit the normalizer (and, with
+        ``bias_from_statistics``, start the bias); returns the number of batches. Every rank
+        calls it together (the statistics are all-reduced)."""
+        normalizer = self.upsampler.normalizer
+        normalizer.reset()
+        strategy, precision = self.trainer.strategy, self.trainer.precision_plugin
+        batches, sums = 0, torch.zeros(1 + self.teacher.feature_dim, *self.teacher.grid_size)
+        sums = sums.to(self.device, torch.float64)
+        for batch in itertools.islice(loader, self.statistics_batches):
+            images = as_float_images(strategy.batch_to_device(batch))
+            with precision.forward_context():
+                features = low_pass(self.teacher, images)
+            normalizer.update(features)
+            sums[0] += features.shape[0]
+            sums[1:] += features.double().sum(0).permute(2, 0, 1)
+            batches += 1
+        normalizer.fit()
+        if self.bias_from_statistics:
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(sums)
+            mean = (sums[1:] / sums[0].clamp_min(1)).permute(1, 2, 0).float()  # [h, w, C]
+            locked = normalizer(mean) - normalizer(mean.mean((0, 1), keepdim=True))
+            self.upsampler.bias.bias.copy_(-locked.permute(2, 0, 1))
+        return batches
 
     # -- one step ----------------------------------------------------------------------------
-    def passes(self, images: Tensor, views: Tensor | None = None) -> TeacherPasses:
-        """The teacher's passes (and views), into the statistics while they are estimated."""
-        passes = teacher_passes(self.teacher, images, self.factor, views)
-        if self.estimate_statistics:
-            seen = [passes.low, passes.tiles] + ([] if passes.extra is None else [passes.extra])
-            normalizer = self.upsampler.normalizer
-            normalizer.update(torch.cat([f.reshape(-1, f.shape[-1]) for f in seen]))
-            if self.refit_statistics:
-                normalizer.fit()
-        return passes
-
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         images = as_float_images(batch)
         high = resize_view(images, self.factor * self.teacher.resolution)
-        views, matrices = self.views(high)
-        passes = self.passes(images, views)
+        with self.streams["views"].active(high.device):
+            views, matrices = self.views(high)
+        passes = teacher_passes(self.teacher, images, self.factor, views)
         prediction = self.upsampler(passes.low, passes.tiles, high)
         losses = self.view_losses(prediction, passes.extra, matrices, high.shape[-1])
         self.log_dict(losses, batch_size=images.shape[0])
@@ -196,7 +265,8 @@ class FeatSharpModule(pl.LightningModule):
         coverage = warp_cells(moved.new_ones(shape), matrices, cell, "zeros")[:, 0]
         seams = warp_cells(self.seams.expand(shape).to(moved), matrices, cell)[:, 0]
         weight = cell_average(coverage * seams, self.factor)
-        lowered = self.downsampler(warped).permute(0, 2, 3, 1)
+        with self.streams["dropout"].active(warped.device):
+            lowered = self.downsampler(warped).permute(0, 2, 3, 1)
         target = self.upsampler.prepare(targets)
         log_scale = None if self.uncertainty is None else self.uncertainty(target.detach())
         loss = consistency_loss(lowered, target, weight, log_scale)
@@ -213,7 +283,7 @@ class FeatSharpModule(pl.LightningModule):
             return None  # a fresh run has no teacher statistics before its first step
         images = as_float_images(batch)
         high = resize_view(images, self.factor * self.teacher.resolution)
-        passes = self.passes(images)
+        passes = teacher_passes(self.teacher, images, self.factor)
         prediction = self.upsampler(passes.low, passes.tiles, high)
         lowered = self.downsampler(prediction.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         loss = (lowered - self.upsampler.prepare(passes.low)).square().mean()
@@ -251,7 +321,31 @@ class FeatSharpModule(pl.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    # -- checkpoints -------------------------------------------------------------------------
+    # -- random streams and checkpoints ------------------------------------------------------
+    def start_streams(self, rank: int) -> None:
+        """Seed the view and dropout streams of global rank ``rank`` from the run's seed
+        (``seed_everything``'s), unless started or restored already."""
+        for stream in self.streams.values():
+            stream.start(run_seed(), rank)
+
+    def stream_states(self) -> list[dict[str, Any]]:
+        """Every rank's stream states, in rank order (every rank calls it together)."""
+        return gather_ranks({name: s.state_dict() for name, s in self.streams.items()})
+
+    def load_streams(self, ranks: list[dict[str, Any]] | None, world_size: int, rank: int) -> None:
+        """Rank ``rank``'s streams from :meth:`stream_states`'s ``ranks`` (kept fresh, with a
+        warning, from another rank count; nothing from a checkpoint written before them)."""
+        state = own_rank(ranks, world_size, rank, "FeatSharp's view and dropout streams")
+        for name, stream in self.streams.items():
+            if state is not None and name in state:
+                stream.load_state_dict(state[name])
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainer = self._trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        self.load_streams(checkpoint.get(RANDOM_STREAMS), world, rank)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RANDOM_STREAMS] = self.stream_states()
         if self.keep_teacher_weights:
             checkpoint[TEACHER_WEIGHTS] = teacher_weights(self.teacher)

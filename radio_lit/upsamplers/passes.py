@@ -17,7 +17,7 @@ from torch import Tensor
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.teachers import Teacher
 
-__all__ = ["TeacherPasses", "cut_tiles", "stitch_tiles", "teacher_passes"]
+__all__ = ["TeacherPasses", "cut_tiles", "low_pass", "stitch_tiles", "teacher_passes"]
 
 
 def cut_tiles(image: Tensor, factor: int) -> Tensor:
@@ -51,6 +51,14 @@ class TeacherPasses:
     low: Tensor
     tiles: Tensor
     extra: Tensor | None = None
+
+
+def low_pass(teacher: Teacher, images: Tensor) -> Tensor:
+    """The low-resolution pass alone: ``teacher``'s features ``[B, h, w, C]`` of ``images
+    [B, 3, S, S]`` (uint8 or ``[0, 1]``) resized to its ``R`` px (what FeatSharp's normalizer
+    is estimated on)."""
+    side = teacher.resolution
+    return teacher(resize_view(as_float_images(images), side), (side, side)).features
 
 
 def teacher_passes(

@@ -174,10 +174,11 @@ def upsampler_checkpoint(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("upsampler")
     saved = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}
     saved["init_args"] = {"dirpath": str(root), "save_last": True, "save_top_k": 0}
-    overlay = _overlay(root / "short.yaml", [_statistics(1), saved], repeats=1, batch_size=2)
+    overlay = _overlay(root / "short.yaml", [saved], repeats=1, batch_size=2)
+    pre_pass = "--model.init_args.statistics_batches=1"  # the normalizer from one batch
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", ["radio-lit"])
-        RadioLitCLI(args=["fit", "--config", str(UPSAMPLER_CONFIG), "--config", overlay])
+        RadioLitCLI(args=["fit", "--config", str(UPSAMPLER_CONFIG), "--config", overlay, pre_pass])
     return root / "last.ckpt"
 
 

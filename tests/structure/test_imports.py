@@ -26,8 +26,8 @@ LAYERS = (
     "students",
     "export",  # the inference model and its files (a RADIO teacher can load one)
     "teachers",
-    "upsamplers",  # FeatSharp: runs teachers, is one (UpsampledTeacher); below the step
     "training",  # the step's parts
+    "upsamplers",  # FeatSharp: runs teachers, is one (UpsampledTeacher); per-rank streams
     "metrics",
     "cache",
     "hf",  # transformers' classes and the Hugging Face folder

@@ -188,3 +188,29 @@ def test_the_attention_downsampler_can_match_the_teachers_cell_average():
         error.backward()
         optimizer.step()
     assert float(error) < 0.1
+
+
+def test_the_fusion_block_is_featsharps_mlp_and_alibi():
+    """FeatSharp's code: SwiGLU from 2C to C with a nominal hidden width of 4C (2/3 of it,
+    rounded up to 8), and one ALiBi slope per row/column head pair, 2^-(h // 2 + 1)."""
+    block = FusionBlock(96, heads=4)
+    assert block.mlp.gate_up.in_features == 192 and block.mlp.out.out_features == 96
+    assert block.mlp.out.in_features == 256  # int(4 * 96 * 2 / 3) rounded up to 8
+    assert block.attention.slopes.tolist() == [0.5, 0.5, 0.25, 0.25]
+
+
+def test_logit_dropout_zeroes_the_content_logit_and_keeps_the_taps_bias():
+    """FeatSharp's ``patches * keep_mask + logit_bias``: with every content logit dropped,
+    the window weights are the softmax of the taps' biases, every tap in the map kept."""
+    torch.manual_seed(0)
+    down = AttentionDownsampler(4, 3, dropout=1.0)
+    with torch.no_grad():
+        down.tap_bias.normal_()
+    x = torch.randn(2, 4, 12, 12)
+    dropped = down.train()(x)
+    plain = AttentionDownsampler(4, 3).eval()
+    plain.load_state_dict(down.state_dict())
+    with torch.no_grad():
+        plain.saliency.weight.zero_()
+        plain.saliency.bias.zero_()
+    torch.testing.assert_close(dropped, plain(x))

@@ -1,7 +1,9 @@
 """FeatSharp's training as a user runs it: ``radio-lit fit --config
 configs/featsharp/quickstart.yaml`` trains, logs (losses, statistics, PCA panels) and
-checkpoints; an UpsampledTeacher built from the checkpoint is the trained upsampler on the
-teacher it was trained for; a run killed with SIGKILL resumes exactly (slow)."""
+checkpoints; its normalizer is estimated before the first optimizer step from the
+low-resolution pass and never changes after; an UpsampledTeacher built from the checkpoint
+is the trained upsampler on the teacher it was trained for; a run killed with SIGKILL
+resumes exactly (slow)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -27,20 +30,53 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "featsharp" / "quickstart.yaml")
 
 
+class NormalizerStates(pl.Callback):
+    """The upsampler's normalizer buffers just before every optimizer step."""
+
+    def __init__(self) -> None:
+        self.states: list[dict[str, torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        normalizer = pl_module.upsampler.normalizer
+        assert normalizer.is_fitted  # fitted before the first step
+        self.states.append({k: v.clone() for k, v in normalizer.state_dict().items()})
+        if len(self.states) == 1:  # the bias as the pre-pass started it
+            self.bias_start = pl_module.upsampler.bias.bias.detach().clone()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The quickstart, 30 steps (a checkpoint and PCA panels at step 30), in this process."""
+    """The quickstart, 30 steps (a checkpoint and PCA panels at step 30), in this process,
+    with the normalizer recorded before every optimizer step."""
     root = tmp_path_factory.mktemp("featsharp")
     args = [
-        "fit",
         "--config",
         QUICKSTART,
         "--trainer.max_steps=30",
         "--trainer.val_check_interval=30",
     ]
     args += [f"--trainer.logger.init_args.save_dir={root}", "--data.init_args.repeats=4"]
-    cli = RadioLitCLI(args=args)
+    cli = RadioLitCLI(args=args, run=False)
+    recorder = NormalizerStates()
+    cli.trainer.callbacks.append(recorder)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.normalizer_states, cli.bias_start = recorder.states, recorder.bias_start
     return cli, Path(cli.trainer.log_dir)
+
+
+def test_the_normalizer_is_fixed_before_the_first_step_from_the_low_resolution_pass(trained):
+    """FeatSharp's PHI-S space (notes 2.1): a pre-pass over the config's 10 batches of the
+    low-resolution pass (4 images of 4x4 tokens each), then bit-identical at every step."""
+    cli, _ = trained
+    states = cli.normalizer_states
+    assert len(states) == 30
+    first = states[0]
+    assert float(first["count"]) == 10 * 4 * 4 * 4  # no tile pass, no views
+    for step, state in enumerate(states):
+        for key, value in state.items():
+            assert torch.equal(value, first[key]), (step, key)
+    final = cli.model.upsampler.normalizer.state_dict()
+    assert all(torch.equal(final[k], first[k]) for k in first)
 
 
 def test_the_quickstart_trains_logs_and_checkpoints(trained):
@@ -55,7 +91,9 @@ def test_the_quickstart_trains_logs_and_checkpoints(trained):
     assert panels and (panels[-1].width, panels[-1].height) == (4 * 128, 128)
     loss = [e.value for e in events.Scalars("train/mse")]
     assert sum(loss[-2:]) < sum(loss[:2])  # consistency improves
-    assert float(cli.model.upsampler.bias.bias.abs().max()) > 0  # the bias learns
+    start = cli.bias_start  # the pre-pass's position-locked mean, negated [choice]
+    assert float(start.abs().max()) > 0 and float(start.mean((1, 2)).abs().max()) < 1e-5
+    assert not torch.equal(cli.model.upsampler.bias.bias.detach(), start)  # the bias learns
     # the groups' rates: the paper's (JBU 0.2x, uncertainty 0.02x) and the bias's 10x [choice]
     rates = {}
     for group in cli.trainer.optimizers[0].param_groups:
@@ -98,17 +136,17 @@ def test_an_upsampled_teacher_loads_the_trained_upsampler_and_its_teacher(traine
 STEPS, KILL_AT = 6, 3
 
 
+#: the normalizer's pre-pass: the killed run's; the resumed run has it from its checkpoint
+PRE_PASS = "--model.init_args.statistics_batches=2"
+
+
 def _config(run_dir: Path, pause_at: int | None = None) -> Path:
-    statistics = {
-        "class_path": "radio_lit.callbacks.TeacherStatsEstimation",
-        "init_args": {"steps": 4, "refit_every": 2, "log_spectrum": False},
-    }
     data = {"val_dir": None, "repeats": 1, "num_workers": 2}
-    return run_overlay(run_dir, [statistics], data, STEPS, pause_at, "featsharp.yaml")
+    return run_overlay(run_dir, [], data, STEPS, pause_at, "featsharp.yaml")
 
 
 def _fit(run_dir: Path, *extra: str) -> dict:
-    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(run_dir)), *extra]
+    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(run_dir)), PRE_PASS, *extra]
     result = forking.run("radio_lit.cli.app:main", [argv], run_dir / "fit", 600)
     assert result.exitcode == 0, result.stderr[-1500:]
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
@@ -117,7 +155,7 @@ def _fit(run_dir: Path, *extra: str) -> dict:
 @pytest.mark.slow
 def test_a_killed_featsharp_run_resumes_exactly(tmp_path):
     killed_dir = tmp_path / "killed"
-    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(killed_dir, KILL_AT))]
+    argv = ["fit", "--config", QUICKSTART, "--config", str(_config(killed_dir, KILL_AT)), PRE_PASS]
     run = forking.start("radio_lit.cli.app:main", [argv], killed_dir / "run", new_session=True)
     try:
         uninterrupted = _fit(tmp_path / "whole")
