@@ -49,6 +49,7 @@ __all__ = [
     "optimizer_states",
     "plan_stage",
     "recipe_total",
+    "strategy_name",
     "table",
 ]
 
@@ -135,7 +136,8 @@ def cache_bytes_per_view(module: Any, crop_size: int, dtype: torch.dtype) -> dic
     return out
 
 
-def _strategy(trainer: Any) -> str:
+def strategy_name(trainer: Any) -> str:
+    """``"FSDP2"`` (``ModelParallelStrategy``), ``"DDP"`` or ``"one device"``: ``trainer``'s."""
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     if isinstance(trainer.strategy, ModelParallelStrategy):
@@ -152,7 +154,7 @@ def _memory(
     shards = gpus if strategy == "FSDP2" else 1
     memory = {
         "student and heads": trainable / shards,
-        "gradients": trainable / shards + (trainable if strategy == "DDP" else 0),
+        "gradients": trainable if strategy == "DDP" else 0,  # as produced: in the step peak
         "optimizer state": states * trainable / shards,
         "EMA student": _bytes(getattr(module, "ema", None)) / shards,
         "teachers": sum(_bytes(t) for t in module.teachers.values()),
@@ -287,7 +289,7 @@ def plan_stage(
     cache_dtype: torch.dtype,
 ) -> StagePlan:
     """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``)."""
-    strategy = _strategy(trainer)
+    strategy = strategy_name(trainer)
     if gpus > 1 and strategy == "one device":
         strategy = "DDP"  # Lightning's default for several devices
     states = optimizer_states(optimizer_class)
