@@ -16,11 +16,13 @@ that reaches the kernels:
   ``FlopCounterMode`` counts), attributed to the part running (each teacher, its FeatSharp
   upsampler, the student's forward, each head, the EMA student, the backward, the rest);
 - **memory**: every storage an operation creates is counted while it lives (a weak reference
-  to the storage tells when it is freed), so the peak is that of what the step allocates
-  beyond the weights: activations kept for the backward, temporaries, weights' bf16 copies
-  made by autocast, the gradients as produced [choice: torch's ``MemTracker`` cannot track a
-  module whose frozen teachers hold parameters without gradients; it registers a gradient hook
-  on every parameter].
+  to the storage tells when it is freed; an output sharing an input's storage, a view or an
+  in-place result, allocates nothing: ``t()`` of a weight is not a second weight), so the
+  peak is that of what the step allocates beyond the weights: activations kept for the
+  backward, temporaries, weights' bf16 copies made by autocast (or FSDP2's gathered weights:
+  :func:`gathered_weights`), the gradients as produced [choice: torch's ``MemTracker`` cannot
+  track a module whose frozen teachers hold parameters without gradients; it registers a
+  gradient hook on every parameter].
 
 Attention runs as a GPU runs it (:func:`fused_attention`): without a GPU, SDPA's backend
 selection falls back to the math path, which would materialise every ``[N, N]`` score matrix.
