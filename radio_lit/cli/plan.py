@@ -32,7 +32,14 @@ from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module
 from radio_lit.planning.devices import calibration, device
 from radio_lit.planning.meta_build import on_meta, planning_build
-from radio_lit.planning.plan import StagePlan, distinct_ranks, plan_stage, recipe_total, table
+from radio_lit.planning.plan import (
+    StagePlan,
+    distinct_ranks,
+    plan_stage,
+    recipe_total,
+    strategy_name,
+    table,
+)
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
 
 __all__ = ["main"]
@@ -187,6 +194,7 @@ def _plan(
     low = next((d for p, d in autocast.items() if precision.startswith(p)), None)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module(module, mode)
+    gathered = low if strategy_name(trainer) == "FSDP2" else None  # its MixedPrecisionPolicy
     datamodule = cli.datamodule
     optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
     stages = []
@@ -196,7 +204,9 @@ def _plan(
         for rank in _distinct_ranks(module, gpus):
             module.partitions.place(gpus, rank)
             batch = module.partitions.rank_batch_size() or datamodule.batch_size
-            counts[rank] = count_step(module, mode, datamodule.crop_size, batch, low, gpus, rank)
+            counts[rank] = count_step(
+                module, mode, datamodule.crop_size, batch, low, gpus, rank, gathered=gathered
+            )
         stages.append(
             plan_stage(
                 module,

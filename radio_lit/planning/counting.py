@@ -16,11 +16,13 @@ that reaches the kernels:
   ``FlopCounterMode`` counts), attributed to the part running (each teacher, its FeatSharp
   upsampler, the student's forward, each head, the EMA student, the backward, the rest);
 - **memory**: every storage an operation creates is counted while it lives (a weak reference
-  to the storage tells when it is freed), so the peak is that of what the step allocates
-  beyond the weights: activations kept for the backward, temporaries, weights' bf16 copies
-  made by autocast, the gradients as produced [choice: torch's ``MemTracker`` cannot track a
-  module whose frozen teachers hold parameters without gradients; it registers a gradient hook
-  on every parameter].
+  to the storage tells when it is freed; an output sharing an input's storage, a view or an
+  in-place result, allocates nothing: ``t()`` of a weight is not a second weight), so the
+  peak is that of what the step allocates beyond the weights: activations kept for the
+  backward, temporaries, weights' bf16 copies made by autocast (or FSDP2's gathered weights:
+  :func:`gathered_weights`), the gradients as produced [choice: torch's ``MemTracker`` cannot
+  track a module whose frozen teachers hold parameters without gradients; it registers a
+  gradient hook on every parameter].
 
 Attention runs as a GPU runs it (:func:`fused_attention`): without a GPU, SDPA's backend
 selection falls back to the math path, which would materialise every ``[N, N]`` score matrix.
@@ -52,6 +54,7 @@ __all__ = [
     "count_step",
     "fake_module",
     "fused_attention",
+    "gathered_weights",
     "gpu_attention",
 ]
 
@@ -104,8 +107,15 @@ class StepCounter(TorchDispatchMode):
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.flops[self._parts[-1]] += int(formula(*args, **kwargs, out_val=out))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, Tensor):
+        inputs = {
+            id(t.untyped_storage())
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, Tensor) and t.device.type != "meta"
+        }
+        for tensor in tree_leaves(out):  # a view or an in-place result allocates nothing
+            if isinstance(tensor, Tensor) and (
+                tensor.device.type == "meta" or id(tensor.untyped_storage()) not in inputs
+            ):
                 self.track(tensor)
         return out
 
@@ -194,6 +204,35 @@ def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
                     getattr(owner, kind)[name] = made[id(tensor)]
 
 
+@contextlib.contextmanager
+def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Iterator[None]:
+    """FSDP2's gathered weights while the step runs: every floating parameter of ``modules``
+    in ``dtype`` (its ``MixedPrecisionPolicy``'s ``param_dtype``; ``None``: as they are).
+
+    Under ``bf16-mixed`` FSDP2 gathers the student, its heads and the EMA student in bfloat16
+    (:func:`~radio_lit.students.sharding.shard_for_training`): their forward runs on bfloat16
+    weights (autocast casts nothing of theirs, DAMP draws its noise ``xi`` in bfloat16,
+    σReparam's effective weights are cast once) and their unsharded gradients are produced in
+    bfloat16 before the reduce-scatter. The cast weights are made inside the counter, so the
+    gathered copy counts in the step peak, alive from the forward through the backward
+    (``model.fsdp2.layout: student``, the shipped configs' [choice]: under ``blocks`` with
+    ``reshard_after_forward`` a block's copy lives only while it runs, which over-counts).
+    Restored afterwards, gradients cleared."""
+    saved: list[tuple[nn.Parameter, Tensor]] = []
+    if dtype is not None:
+        for module in modules:
+            for parameter in module.parameters():
+                if parameter.is_floating_point() and parameter.dtype != dtype:
+                    saved.append((parameter, parameter.data))
+                    parameter.data = parameter.data.to(dtype)
+    try:
+        yield
+    finally:
+        for parameter, data in saved:
+            parameter.data = data
+            parameter.grad = None
+
+
 @dataclass
 class StepCount:
     """What one rank's step ran (:func:`count_step`).
@@ -280,6 +319,7 @@ def count_step(
     rank: int = 0,
     device: str = "cpu",
     gpu_attention: bool = True,
+    gathered: torch.dtype | None = None,
 ) -> StepCount:
     """One training step of global rank ``rank`` of ``world_size`` on fake tensors.
 
@@ -293,6 +333,8 @@ def count_step(
             device context for CUDA tensors, fake ones included).
         gpu_attention: attention as a GPU runs it (:func:`fused_attention`); ``False``: as
             ``device`` does (a check against a real step there).
+        gathered: FSDP2's gathered dtype of the student, heads and EMA student
+            (:func:`gathered_weights`; ``None``: not sharded, or gathered as stored).
 
     Each partition with several resolutions runs at its largest [choice: the step that sets
     the peak memory and the longest one; a run draws one per step]. Statistics are taken as
@@ -339,8 +381,11 @@ def count_step(
         _labelled(module, counter, outputs),
         fused_attention(device) if gpu_attention else _no_fast_path(),
         counter,
+        contextlib.ExitStack() as stack,
     ):
         counter.track(pixels)
+        sharded = [module.student, module.heads, *filter(None, [getattr(module, "ema", None)])]
+        stack.enter_context(gathered_weights(sharded, gathered))
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
         with precision, spectral_step(module.student):
             loss = module._shared_step(pixels, "train")

@@ -6,13 +6,15 @@ Counted, not estimated by hand (:mod:`radio_lit.planning.counting`): each distin
 and its activation peak. The rest is arithmetic stated here:
 
 **Memory per rank** (bytes): the trainable parameters ``P`` (student, heads, balancer) in
-their float32 master copy, their gradients and the optimizer's state (two moments for Adam,
-AdamW, LAMB; one for SGD with momentum, Lion), each divided by the ``N`` data-parallel ranks
-under FSDP2 (``ModelParallelStrategy``; teachers are never sharded), whole under DDP (whose
-gradient buckets hold a second copy of the gradients); the EMA student (MESA) sharded like
-the student; every teacher's weights in its own dtype (each rank holds all of them); plus the
-counted step peak (activations, temporaries, autocast's bf16 weight copies, the gradients as
-the backward produces them).
+their float32 master copy and the optimizer's state (two moments for Adam, AdamW, LAMB; one
+for SGD with momentum, Lion), each divided by the ``N`` data-parallel ranks under FSDP2
+(``ModelParallelStrategy``; teachers are never sharded), whole under DDP, whose gradient
+buckets hold a float32 copy of the gradients; the EMA student (MESA) sharded like the
+student; every teacher's weights in its own dtype (each rank holds all of them); plus the
+counted step peak (activations, temporaries, autocast's bf16 weight copies or FSDP2's bf16
+gathered weights, the gradients as the backward produces them: counted there once, not
+beside the weights [choice: the step's gradients are freed by ``zero_grad`` before the next
+forward, so the peak holds those produced so far]).
 
 **Step time** (one rank; the step is the slowest rank's, since ranks meet at the gradients'
 collective): teachers' FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the
@@ -49,6 +51,7 @@ __all__ = [
     "optimizer_states",
     "plan_stage",
     "recipe_total",
+    "strategy_name",
     "table",
 ]
 
@@ -135,7 +138,8 @@ def cache_bytes_per_view(module: Any, crop_size: int, dtype: torch.dtype) -> dic
     return out
 
 
-def _strategy(trainer: Any) -> str:
+def strategy_name(trainer: Any) -> str:
+    """``"FSDP2"`` (``ModelParallelStrategy``), ``"DDP"`` or ``"one device"``: ``trainer``'s."""
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     if isinstance(trainer.strategy, ModelParallelStrategy):
@@ -152,7 +156,7 @@ def _memory(
     shards = gpus if strategy == "FSDP2" else 1
     memory = {
         "student and heads": trainable / shards,
-        "gradients": trainable / shards + (trainable if strategy == "DDP" else 0),
+        "DDP buckets": trainable if strategy == "DDP" else 0,  # gradients: in the step peak
         "optimizer state": states * trainable / shards,
         "EMA student": _bytes(getattr(module, "ema", None)) / shards,
         "teachers": sum(_bytes(t) for t in module.teachers.values()),
@@ -287,7 +291,7 @@ def plan_stage(
     cache_dtype: torch.dtype,
 ) -> StagePlan:
     """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``)."""
-    strategy = _strategy(trainer)
+    strategy = strategy_name(trainer)
     if gpus > 1 and strategy == "one device":
         strategy = "DDP"  # Lightning's default for several devices
     states = optimizer_states(optimizer_class)
@@ -384,7 +388,7 @@ def table(stage: StagePlan) -> str:
         f"teachers {teachers}{extra}"
     )
     lines.append("")
-    names = ["student and heads", "gradients", "optimizer state", "EMA student", "teachers"]
+    names = ["student and heads", "DDP buckets", "optimizer state", "EMA student", "teachers"]
     names += ["step peak", "total"]
     header = f"{'rank (partitions)':<34}" + "".join(f"{n[:12]:>13}" for n in names)
     lines += ["memory per rank, GiB", header]

@@ -1,0 +1,35 @@
+"""The step counter's memory rules (:mod:`radio_lit.planning.counting`) on small real tensors:
+what a view allocates, and FSDP2's gathered bfloat16 weights."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radio_lit.planning.counting import StepCounter, gathered_weights
+
+
+def test_a_view_of_a_weight_is_not_a_second_weight():
+    weight, x = torch.randn(512, 256), torch.randn(4, 256)  # made before the count: not counted
+    with torch.no_grad(), StepCounter() as counter:  # F.linear dispatches t(weight), a view
+        out = F.linear(x, weight)
+        transposed = weight.t()
+    assert transposed.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert counter.peak == out.untyped_storage().nbytes()
+
+
+def test_gathered_weights_are_counted_in_bf16_and_restored():
+    layer = nn.Linear(256, 512)
+    master = layer.weight.data
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with StepCounter() as counter, gathered_weights([layer], torch.bfloat16):
+        assert layer.weight.dtype == torch.bfloat16
+        layer(x).float().sum().backward()
+        assert layer.weight.grad.dtype == torch.bfloat16  # FSDP2's unsharded gradient
+        peak = counter.peak
+    gathered = (512 * 256 + 512) * 2
+    assert peak >= gathered + gathered  # the gathered copy, then its gradients as produced
+    assert layer.weight.dtype == torch.float32
+    assert layer.weight.data_ptr() == master.data_ptr()  # the master weights themselves
+    assert layer.weight.grad is None
