@@ -380,6 +380,25 @@ def students_on(device: str | None) -> Iterator[None]:
         cpe_vit._timm_vit = original
 
 
+def size_overrides(
+    config: ShippedConfig, size: str, teacher_depth: int | None, keep_strategy: bool = True
+) -> list[str]:
+    """The command-line overrides :func:`build` gives ``config`` at ``size`` (see there): its
+    later config files, the teachers', the student's and one device's."""
+    raw = merged(config.files)
+    overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
+    for key, entry in config_teachers(raw).values():
+        if size in ("cpu", "build"):
+            overrides += tiny_teacher_overrides(key, entry)
+        elif teacher_depth is not None:
+            overrides += short_teacher_overrides(key, entry, teacher_depth)
+    # a student that starts as its RADIO teachers' model: both from one stand-in, at any size
+    overrides += radio_stand_in_overrides(raw)
+    if size == "cpu":
+        overrides += cpu_student_overrides(raw)
+    return overrides + one_device_overrides(raw, size, keep_strategy)
+
+
 def build(
     config: ShippedConfig,
     *,
@@ -402,18 +421,7 @@ def build(
     unless ``build_on_host`` (:func:`benchmarks.harness.on_device`). ``extra``: more
     command-line overrides (they come last and win; one training step unless they say
     otherwise)."""
-    raw = merged(config.files)
-    overrides: list[str] = [a for f in config.files[1:] for a in ("--config", str(f))]
-    for key, entry in config_teachers(raw).values():
-        if size in ("cpu", "build"):
-            overrides += tiny_teacher_overrides(key, entry)
-        elif teacher_depth is not None:
-            overrides += short_teacher_overrides(key, entry, teacher_depth)
-    # a student that starts as its RADIO teachers' model: both from one stand-in, at any size
-    overrides += radio_stand_in_overrides(raw)
-    if size == "cpu":
-        overrides += cpu_student_overrides(raw)
-    overrides += one_device_overrides(raw, size, keep_strategy)
+    overrides = size_overrides(config, size, teacher_depth, keep_strategy)
     with students_on(student_device):
         cli = harness.build(
             config.files[0],

@@ -16,6 +16,7 @@ Any other ``--section.key value`` option is applied to the config, as for ``radi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import warnings
@@ -29,10 +30,11 @@ from radio_lit.cache.manifest import DTYPES
 from radio_lit.cli.app import RadioLitCLI
 from radio_lit.core.errors import CommandParser, ConfigError
 from radio_lit.planning.configs import merged
-from radio_lit.planning.counting import count_step, fake_module
+from radio_lit.planning.counting import count_step, fake_module, largest_draws
 from radio_lit.planning.devices import calibration, device
 from radio_lit.planning.meta_build import on_meta, planning_build
 from radio_lit.planning.plan import (
+    LoopStep,
     StagePlan,
     distinct_ranks,
     plan_stage,
@@ -64,6 +66,20 @@ def _parser() -> CommandParser:
     parser.add_argument("--gpu", default="h100", help="h100, h200, a100, b200 or a YAML file")
     parser.add_argument("--json", action="store_true", help="the same figures as JSON")
     parser.add_argument("--teacher-depth", type=int, default=None, help="teachers of K blocks")
+    parser.add_argument(
+        "--largest-draws",
+        action="store_true",
+        help="count each rank's step at its partitions' largest resolutions only (faster; the "
+        "step time is then the largest draw's, not the average over the draws)",
+    )
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="plan training step S: before FreezeBody's steps the trunk is held (no gradients "
+        "or optimizer state of its own), step 0 has no earlier gradients or optimizer state; "
+        "default: a step after every warm-up, the run's largest",
+    )
     parser.add_argument("--cache-images", type=int, default=IMAGENET_TRAIN)
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
     return parser
@@ -76,6 +92,8 @@ def main(argv: Sequence[str]) -> None:
     gpu, fit = device(args.gpu), calibration()
     if args.gpus is not None and min(args.gpus) < 1:
         parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
+    if args.step is not None and args.step < 0:
+        parser.error(f"--step must be a training step >= 0, got {args.step}")
     stages = [[c] for c in args.stages] if args.stages else [args.config]
     for files in stages:
         for config in files:
@@ -156,6 +174,26 @@ def _built(files: Sequence[str], overrides: Sequence[str], depth: int | None) ->
     return cli, raw
 
 
+def _reduce_scatter(module: Any, shards: int) -> tuple[int, int]:
+    """FSDP2's reduce-scatter buffers of the student and its EMA-free trainable parameters:
+    ``(input, output)`` bytes (:func:`~radio_lit.planning.counting.count_step`)."""
+    values = sum(p.numel() for _, p in module.trainable_parameters())
+    reduce = 2 if module.fsdp2.reduce_dtype == "bfloat16" else 4
+    return values * reduce, values * 4 // shards
+
+
+def _freeze_steps(raw: dict[str, Any]) -> int:
+    """``FreezeBody``'s ``steps`` among the config's callbacks (0 without it)."""
+    from radio_lit.callbacks import FreezeBody
+
+    for callback in (raw.get("trainer") or {}).get("callbacks") or []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith(
+            "FreezeBody"
+        ):
+            return int((callback.get("init_args") or {}).get("steps", FreezeBody().steps))
+    return 0
+
+
 def _world(raw: dict[str, Any]) -> int:
     trainer = raw.get("trainer") or {}
     devices = trainer.get("devices", 1)
@@ -194,24 +232,50 @@ def _plan(
     low = next((d for p, d in autocast.items() if precision.startswith(p)), None)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module(module, mode)
-    gathered = low if strategy_name(trainer) == "FSDP2" else None  # its MixedPrecisionPolicy
+    sharded = strategy_name(trainer) == "FSDP2"
+    gathered = (low or torch.float32) if sharded else None  # its MixedPrecisionPolicy's
     datamodule = cli.datamodule
     optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
+    loop = LoopStep(args.step, _freeze_steps(raw))
+    previous = loop.updated_bytes(module)  # the earlier step's gradients, through the forward
     stages = []
     for given in gpu_counts:
         gpus = given or _world(raw)
-        counts = {}
+        shards = gpus if sharded else 1  # FSDP2: each rank's shard of them
+        scatter = _reduce_scatter(module, shards) if sharded else (0, 0)
+        counts, draws = {}, {}
         for rank in _distinct_ranks(module, gpus):
             module.partitions.place(gpus, rank)
             batch = module.partitions.rank_batch_size() or datamodule.batch_size
-            counts[rank] = count_step(
-                module, mode, datamodule.crop_size, batch, low, gpus, rank, gathered=gathered
+            count = functools.partial(
+                count_step,
+                module,
+                mode,
+                datamodule.crop_size,
+                batch,
+                low,
+                gpus,
+                rank,
+                gathered=gathered,
+                previous_gradients=previous // shards,
+                trunk_frozen=loop.trunk_frozen,
+                reduce_scatter=scatter,
             )
+            counts[rank] = count()
+            largest = largest_draws(module.partitions)
+            draws[rank] = {  # the step time over the draws: each other resolution once
+                (name, index): count(draws={name: index}).flops
+                for name in counts[rank].images
+                for index in range(len(module.partitions.resolutions[name]))
+                if index != largest[name] and not args.largest_draws
+            }
         stages.append(
             plan_stage(
                 module,
                 trainer,
                 counts,
+                draws=draws,
+                loop=loop,
                 config=" ".join(files),
                 gpus=gpus,
                 device=gpu,

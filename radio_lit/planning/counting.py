@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -56,12 +56,38 @@ __all__ = [
     "fused_attention",
     "gathered_weights",
     "gpu_attention",
+    "largest_draws",
 ]
 
 #: The label of FLOPs outside every named part (views, grid matching, normalizers, losses).
 OTHER = "other"
 #: The label of everything the backward runs.
 BACKWARD = "backward"
+
+
+_aten = torch.ops.aten
+#: Operations that compute nothing and allocate nothing (a device query, views): skipped by
+#: :class:`StepCounter` without looking at their arguments.
+_METADATA = frozenset(
+    {
+        torch.ops.prim.device.default,
+        _aten.detach.default,
+        _aten.view.default,
+        _aten._unsafe_view.default,
+        _aten.t.default,
+        _aten.transpose.int,
+        _aten.permute.default,
+        _aten.expand.default,
+        _aten.slice.Tensor,
+        _aten.select.int,
+        _aten.unsqueeze.default,
+        _aten.squeeze.dim,
+        _aten.as_strided.default,
+        _aten.alias.default,
+        _aten.split.Tensor,
+        _aten.unbind.int,
+    }
+)
 
 
 class StepCounter(TorchDispatchMode):
@@ -104,6 +130,8 @@ class StepCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in _METADATA:  # half of a step's calls: no FLOPs, no new storage
+            return out
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.flops[self._parts[-1]] += int(formula(*args, **kwargs, out_val=out))
@@ -206,8 +234,10 @@ def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
 
 @contextlib.contextmanager
 def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Iterator[None]:
-    """FSDP2's gathered weights while the step runs: every floating parameter of ``modules``
-    in ``dtype`` (its ``MixedPrecisionPolicy``'s ``param_dtype``; ``None``: as they are).
+    """FSDP2's gathered weights while the step runs: a copy of every floating parameter of
+    ``modules`` in ``dtype`` (its ``MixedPrecisionPolicy``'s ``param_dtype``, or the
+    parameters' own: FSDP2 all-gathers into a buffer of its own on any number of ranks;
+    ``None``: not sharded, the parameters as they are).
 
     Under ``bf16-mixed`` FSDP2 gathers the student, its heads and the EMA student in bfloat16
     (:func:`~radio_lit.students.sharding.shard_for_training`): their forward runs on bfloat16
@@ -222,15 +252,24 @@ def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Ite
     if dtype is not None:
         for module in modules:
             for parameter in module.parameters():
-                if parameter.is_floating_point() and parameter.dtype != dtype:
+                if parameter.is_floating_point():  # FSDP2's all-gather output: a copy
                     saved.append((parameter, parameter.data))
-                    parameter.data = parameter.data.to(dtype)
+                    parameter.data = parameter.data.to(dtype, copy=True)
     try:
         yield
     finally:
         for parameter, data in saved:
             parameter.data = data
             parameter.grad = None
+
+
+def largest_draws(partitions: Any) -> dict[str, int]:
+    """``{partition: index}`` of each partition's largest resolution (by pixels) in a
+    :class:`~radio_lit.training.partitions.PartitionPlan`."""
+    return {
+        name: max(range(len(sizes)), key=lambda i, s=sizes: s[i][0] * s[i][1])
+        for name, sizes in partitions.resolutions.items()
+    }
 
 
 @dataclass
@@ -320,6 +359,10 @@ def count_step(
     device: str = "cpu",
     gpu_attention: bool = True,
     gathered: torch.dtype | None = None,
+    previous_gradients: int = 0,
+    draws: Mapping[str, int] | None = None,
+    trunk_frozen: bool = False,
+    reduce_scatter: tuple[int, int] = (0, 0),
 ) -> StepCount:
     """One training step of global rank ``rank`` of ``world_size`` on fake tensors.
 
@@ -334,21 +377,35 @@ def count_step(
         gpu_attention: attention as a GPU runs it (:func:`fused_attention`); ``False``: as
             ``device`` does (a check against a real step there).
         gathered: FSDP2's gathered dtype of the student, heads and EMA student
-            (:func:`gathered_weights`; ``None``: not sharded, or gathered as stored).
+            (:func:`gathered_weights`; ``None``: not sharded).
+        reduce_scatter: FSDP2's buffers once the backward has produced the unsharded
+            gradients: ``(input bytes, output bytes)`` of its reduce-scatter (the unsharded
+            gradients copied in, in the reduce dtype; this rank's float32 shard out), alive
+            together beside those gradients [choice: one reduce-scatter of the whole student,
+            ``model.fsdp2.layout: student``, the shipped configs'; a unit per block
+            reduce-scatters a block's at a time, which this over-counts].
+        previous_gradients: bytes of the previous step's gradients on this rank (float32,
+            FSDP2's shard of them), alive through the forward: Lightning's loop calls
+            ``zero_grad`` (``set_to_none``) after ``training_step`` and before ``backward``, so
+            every step after the first runs its forward beside them. Counted from the start
+            of the step until the backward begins.
+        draws: ``{partition: index}`` of the resolution each partition with several takes
+            this step; the others, and by default all, at their largest [choice: the step that
+            sets the peak memory and the longest one; a run draws one per step, and
+            the plan averages the step time over the counts of each draw].
+        trunk_frozen: a step whose trunk :class:`~radio_lit.callbacks.FreezeBody` holds
+            (``StudentStep.trunk_frozen``: the EMA student's trunk and MESA's backbone-only
+            forward do not run).
 
-    Each partition with several resolutions runs at its largest [choice: the step that sets
-    the peak memory and the longest one; a run draws one per step]. Statistics are taken as
-    fitted (the steady state after ``TeacherStatsEstimation``'s steps), and a published
-    model's imported heads composed with them (``module.imported_heads`` is emptied).
+    Statistics are taken as fitted (the steady state after ``TeacherStatsEstimation``'s steps),
+    and a published model's imported heads composed with them (``module.imported_heads`` is
+    emptied).
     """
     from radio_lit.students.spectral_reparam import spectral_step
 
     plan = module.partitions
     plan.place(world_size, rank)
-    largest = {
-        name: max(range(len(sizes)), key=lambda i, s=sizes: s[i][0] * s[i][1])
-        for name, sizes in plan.resolutions.items()
-    }
+    picks = {**largest_draws(plan), **(draws or {})}
     for statistics in module.teacher_statistics().values():
         for normalizer in statistics.values():
             normalizer._is_fitted = True  # the host flag every statistic reads
@@ -361,6 +418,7 @@ def count_step(
     module.train()
     for teacher in module.teachers.values():
         teacher.eval()
+    module.student_step.trunk_frozen = trunk_frozen
     counter, outputs = StepCounter(), {}
     precision = (
         torch.autocast(device, dtype=autocast) if autocast is not None else contextlib.nullcontext()
@@ -375,8 +433,9 @@ def count_step(
 
     with mode:  # the step's tensors follow from the fake batch and weights; the host's stay real
         pixels = torch.empty(batch, 3, crop_size, crop_size, dtype=torch.uint8, device=device)
+        previous = torch.empty(previous_gradients, dtype=torch.uint8, device=device)
     with (
-        mock.patch.object(plan, "_draw", lambda name: largest[name]),
+        mock.patch.object(plan, "_draw", lambda name: picks[name]),
         mock.patch.object(plan, "chunks", chunks),
         _labelled(module, counter, outputs),
         fused_attention(device) if gpu_attention else _no_fast_path(),
@@ -384,14 +443,24 @@ def count_step(
         contextlib.ExitStack() as stack,
     ):
         counter.track(pixels)
+        if previous_gradients:
+            counter.track(previous)
         sharded = [module.student, module.heads, *filter(None, [getattr(module, "ema", None)])]
         stack.enter_context(gathered_weights(sharded, gathered))
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
         with precision, spectral_step(module.student):
             loss = module._shared_step(pixels, "train")
+        del previous  # zero_grad(set_to_none=True): the previous step's gradients freed
         with counter.part(BACKWARD):
             loss.backward()
+            with mode:
+                buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in reduce_scatter]
+            for buffer in buffers:
+                if buffer.numel():
+                    counter.track(buffer)
+            del buffers
         peak = counter.peak
+    module.student_step.trunk_frozen = False
     return StepCount(
         images={name: int(c.crop.shape[0]) for name, c in seen.items()},
         resolutions={name: tuple(c.resolution) for name, c in seen.items()},

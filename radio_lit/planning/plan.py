@@ -3,7 +3,9 @@ the teacher cache's disk (``radio-lit plan``).
 
 Counted, not estimated by hand (:mod:`radio_lit.planning.counting`): each distinct rank's step
 (the partitions it runs, at their largest resolution) on fake tensors gives its FLOPs by part
-and its activation peak. The rest is arithmetic stated here:
+and its activation peak; a partition with several resolutions is counted once more at each of
+its other resolutions (the rank's other partitions at their largest), for the step time
+averaged over the draws. The rest is arithmetic stated here:
 
 **Memory per rank** (bytes): the trainable parameters ``P`` (student, heads, balancer) in
 their float32 master copy and the optimizer's state (two moments for Adam, AdamW, LAMB; one
@@ -11,10 +13,11 @@ for SGD with momentum, Lion), each divided by the ``N`` data-parallel ranks unde
 (``ModelParallelStrategy``; teachers are never sharded), whole under DDP, whose gradient
 buckets hold a float32 copy of the gradients; the EMA student (MESA) sharded like the
 student; every teacher's weights in its own dtype (each rank holds all of them); plus the
-counted step peak (activations, temporaries, autocast's bf16 weight copies or FSDP2's bf16
-gathered weights, the gradients as the backward produces them: counted there once, not
-beside the weights [choice: the step's gradients are freed by ``zero_grad`` before the next
-forward, so the peak holds those produced so far]).
+counted step peak at the largest draws (activations, temporaries, autocast's bf16 weight
+copies or FSDP2's bf16 gathered weights, the gradients: the previous step's through the
+forward, since Lightning's loop frees them with ``zero_grad`` only between ``training_step``
+and ``backward``, then this step's as the backward produces them; counted there, not beside
+the weights).
 
 **Step time** (one rank; the step is the slowest rank's, since ranks meet at the gradients'
 collective): teachers' FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the
@@ -22,6 +25,11 @@ student's forward, heads, EMA student and backward at the student efficiency, th
 28 bytes per local parameter at the calibrated fraction of the memory bandwidth, a fixed rest
 per step (:mod:`radio_lit.planning.devices`, ``calibration.yaml``), and the collectives not
 overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
+Images/s, GPU-hours and wall time take the step **averaged over the resolution draws**
+(each partition's ``probabilities``, uniform by default): the expected slowest rank over
+every combination of the partitions' draws [choice: partitions draw independently; ranks of
+the same partitions draw alike, as one global RNG seeded alike on every rank does]. The step
+at the largest draws is reported beside it.
 
 **Communication** (per rank and step, ring collectives, ``(N - 1) / N`` of the data each way):
 FSDP2 gathers the student's bf16 weights once per step (``model.fsdp2.layout: student``, or
@@ -32,8 +40,10 @@ NVLink bandwidth within a node, its network bandwidth once ``N`` spans nodes.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,10 +54,13 @@ from radio_lit.planning.counting import OTHER, StepCount
 from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
 
 __all__ = [
+    "LoopStep",
     "RankPlan",
     "StagePlan",
+    "DrawFlops",
     "cache_bytes_per_view",
     "distinct_ranks",
+    "draw_chances",
     "optimizer_states",
     "plan_stage",
     "recipe_total",
@@ -80,8 +93,9 @@ def optimizer_states(class_path: str) -> int:
 
 @dataclass
 class RankPlan:
-    """One rank's step (the first rank of its partitions): its images, resolutions, FLOPs per
-    image by part, memory (GiB) and time (ms) by part."""
+    """One rank's step (the first rank of its partitions) at the largest draws: its images,
+    resolutions, FLOPs per image by part, memory (GiB) and time (ms) by part; and its time
+    averaged over the resolution draws (``mean_step_ms``)."""
 
     rank: int
     partitions: list[str]
@@ -90,14 +104,19 @@ class RankPlan:
     flops_per_image: dict[str, float]
     memory_gib: dict[str, float]
     step_ms: dict[str, float]
+    mean_step_ms: float
     fits: bool
 
 
 @dataclass
 class StagePlan:
-    """A stage at ``gpus`` GPUs (see the module docstring); ``asdict`` is ``--json``'s."""
+    """A stage at ``gpus`` GPUs (see the module docstring); ``asdict`` is ``--json``'s.
+    ``step_ms`` (with the collectives) is averaged over the resolution draws, as are the
+    images/s, GPU-hours and wall time; ``largest_step_ms`` is the step at the largest draws."""
 
     config: str
+    step: int | None
+    trunk_frozen: bool
     gpu: dict[str, Any]
     gpus: int
     strategy: str
@@ -107,6 +126,7 @@ class StagePlan:
     ranks: list[RankPlan]
     communication: dict[str, float]
     step_ms: float
+    largest_step_ms: float
     images_per_step: int
     images_per_s_per_gpu: float
     cached_step_ms: float
@@ -149,15 +169,49 @@ def strategy_name(trainer: Any) -> str:
     return "one device"
 
 
+@dataclass(frozen=True)
+class LoopStep:
+    """Which training step is planned: what Lightning's loop holds beside it.
+
+    Attributes:
+        step: the optimizer step (``None``: a step after every warm-up, the run's largest).
+        freeze_steps: :class:`~radio_lit.callbacks.FreezeBody`'s ``steps`` in the config (0
+            without it): before them the trunk's gradients are dropped before every
+            optimizer step, so neither they nor the trunk's optimizer state exist.
+    """
+
+    step: int | None = None
+    freeze_steps: int = 0
+
+    @property
+    def first(self) -> bool:
+        """Step 0: no earlier step's gradients, no optimizer state yet (made lazily)."""
+        return self.step == 0
+
+    @property
+    def trunk_frozen(self) -> bool:
+        return self.step is not None and self.step < self.freeze_steps
+
+    def updated_bytes(self, module: Any) -> int:
+        """Bytes of the parameters whose gradients outlive the step and hold optimizer
+        state: every trainable one, less the trunk while it is held, none at step 0."""
+        if self.first:
+            return 0
+        trainable = sum(p.numel() * p.element_size() for _, p in module.trainable_parameters())
+        if self.trunk_frozen:
+            trainable -= _bytes(module.student, buffers=False)
+        return trainable
+
+
 def _memory(
-    module: Any, count: StepCount, strategy: str, gpus: int, states: int
+    module: Any, count: StepCount, strategy: str, gpus: int, states: int, loop: LoopStep
 ) -> dict[str, float]:
     trainable = sum(p.numel() * p.element_size() for _, p in module.trainable_parameters())
     shards = gpus if strategy == "FSDP2" else 1
     memory = {
         "student and heads": trainable / shards,
         "DDP buckets": trainable if strategy == "DDP" else 0,  # gradients: in the step peak
-        "optimizer state": states * trainable / shards,
+        "optimizer state": states * loop.updated_bytes(module) / shards,
         "EMA student": _bytes(getattr(module, "ema", None)) / shards,
         "teachers": sum(_bytes(t) for t in module.teachers.values()),
         "step peak": count.peak_bytes,
@@ -191,12 +245,18 @@ def _communication(module: Any, strategy: str, gpus: int, device: Device) -> dic
 
 
 def _times(
-    module: Any, count: StepCount, strategy: str, gpus: int, device: Device, fit: Calibration
+    module: Any,
+    flops: Mapping[str, float],
+    strategy: str,
+    gpus: int,
+    device: Device,
+    fit: Calibration,
 ) -> dict[str, float]:
+    """A rank's step time by part (ms) from its FLOPs by part (module docstring)."""
     peak = device.bf16_tflops * 1e12
-    teachers = sum(f for p, f in count.flops.items() if p.startswith(("teacher ", "upsampler ")))
+    teachers = sum(f for p, f in flops.items() if p.startswith(("teacher ", "upsampler ")))
     student = sum(
-        f for p, f in count.flops.items() if not p.startswith(("teacher ", "upsampler ", OTHER))
+        f for p, f in flops.items() if not p.startswith(("teacher ", "upsampler ", OTHER))
     )
     trainable = sum(p.numel() for _, p in module.trainable_parameters())
     local = trainable / (gpus if strategy == "FSDP2" else 1)
@@ -207,6 +267,43 @@ def _times(
         "optimizer": moved / (device.memory_tb_per_s * 1e12 * fit.optimizer_efficiency) * 1e3,
         "rest": fit.rest_ms,
     }
+
+
+#: ``{rank: {(partition, resolution index): FLOPs by part}}``: each distinct rank's step
+#: counted with one partition at one of its other resolutions (the rest at their largest).
+DrawFlops = Mapping[int, Mapping[tuple[str, int], Mapping[str, int]]]
+
+
+def draw_chances(partitions: Any) -> dict[str, list[float]]:
+    """``{partition: chance of each resolution}`` of the partitions with several: their
+    ``probabilities`` normalised (``torch.multinomial``'s), uniform without."""
+    out = {}
+    for name, sizes in partitions.resolutions.items():
+        if len(sizes) > 1:
+            given = partitions.partitions[name].probabilities or [1.0] * len(sizes)
+            out[name] = [c / sum(given) for c in given]
+    return out
+
+
+def _draw_steps(
+    base: Mapping[int, Mapping[str, int]], draws: DrawFlops, chances: Mapping[str, list[float]]
+) -> Iterator[tuple[float, dict[int, dict[str, float]]]]:
+    """``(chance, {rank: FLOPs by part})`` of every combination of the partitions' draws
+    (module docstring): a rank's FLOPs at the largest draws plus, for each of its partitions
+    drawn below its largest, that draw's counted difference."""
+    names = list(chances)
+    for combo in itertools.product(*(range(len(chances[n])) for n in names)):
+        chance = math.prod(chances[n][i] for n, i in zip(names, combo, strict=True))
+        steps = {}
+        for rank, flops in base.items():
+            total: Counter[str] = Counter(flops)
+            for name, index in zip(names, combo, strict=True):
+                drawn = draws.get(rank, {}).get((name, index))
+                if drawn is not None:
+                    total.update(drawn)
+                    total.subtract(flops)
+            steps[rank] = dict(total)
+        yield chance, steps
 
 
 def _parameters(module: Any) -> dict[str, Any]:
@@ -280,6 +377,8 @@ def plan_stage(
     trainer: Any,
     counts: Mapping[int, StepCount],
     *,
+    draws: DrawFlops | None = None,
+    loop: LoopStep = LoopStep(),
     config: str,
     gpus: int,
     device: Device,
@@ -290,17 +389,33 @@ def plan_stage(
     cache_images: int,
     cache_dtype: torch.dtype,
 ) -> StagePlan:
-    """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``)."""
+    """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``, at
+    the largest draws) and of their other draws (``draws``: :data:`DrawFlops`; ``None``:
+    every partition at one resolution)."""
     strategy = strategy_name(trainer)
     if gpus > 1 and strategy == "one device":
         strategy = "DDP"  # Lightning's default for several devices
     states = optimizer_states(optimizer_class)
     partitions = module.partitions
     partitions.place(gpus, 0)
+    chances = draw_chances(partitions) if draws else {}  # none counted: the largest only
+    combos = list(_draw_steps({r: c.flops for r, c in counts.items()}, draws or {}, chances))
+
+    def time(flops: Mapping[str, float]) -> dict[str, float]:
+        return _times(module, flops, strategy, gpus, device, fit)
+
+    mean_step = mean_cached = 0.0  # the slowest rank, averaged over the draws
+    rank_means = dict.fromkeys(counts, 0.0)
+    for chance, steps in combos:
+        totals = {r: time(f) for r, f in steps.items()}
+        for r, parts in totals.items():
+            rank_means[r] += chance * sum(parts.values())
+        mean_step += chance * max(sum(parts.values()) for parts in totals.values())
+        mean_cached += chance * max(sum(p.values()) - p["teachers"] for p in totals.values())
     ranks, step = [], 0.0
     for rank, count in counts.items():
-        memory = _memory(module, count, strategy, gpus, states)
-        times = _times(module, count, strategy, gpus, device, fit)
+        memory = _memory(module, count, strategy, gpus, states, loop)
+        times = time(count.flops)
         times["total"] = sum(times.values())
         step = max(step, times["total"])
         images = max(count.total_images, 1)
@@ -313,15 +428,16 @@ def plan_stage(
                 flops_per_image={p: f / images for p, f in sorted(count.flops.items())},
                 memory_gib=memory,
                 step_ms=times,
+                mean_step_ms=rank_means[rank],
                 fits=memory["total"] <= device.memory_gib,
             )
         )
     communication = _communication(module, strategy, gpus, device)
-    step += communication["ms"]
+    largest_step = step + communication["ms"]
+    step = mean_step + communication["ms"]
+    cached = mean_cached + communication["ms"]
     batches = [p.batch_size for p in partitions.partitions.values()]
     per_step = sum(batches) if None not in batches else data_batch * gpus
-    slowest = max(ranks, key=lambda r: r.step_ms["total"])
-    cached = step - slowest.step_ms["teachers"]
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     hours = None if max_steps is None else max_steps * step / 1e3 / 3600
     per_view = cache_bytes_per_view(module, crop_size, cache_dtype)
@@ -333,6 +449,8 @@ def plan_stage(
     }
     stage = StagePlan(
         config=config,
+        step=loop.step,
+        trunk_frozen=loop.trunk_frozen,
         gpu=asdict(device),
         gpus=gpus,
         strategy=strategy,
@@ -342,6 +460,7 @@ def plan_stage(
         ranks=ranks,
         communication=communication,
         step_ms=step,
+        largest_step_ms=largest_step,
         images_per_step=per_step,
         images_per_s_per_gpu=per_step / (step / 1e3) / gpus,
         cached_step_ms=cached,
@@ -372,8 +491,10 @@ def _fmt_parts(flops: Mapping[str, float]) -> str:
 def table(stage: StagePlan) -> str:
     """The human-readable plan of one stage (what ``radio-lit plan`` prints)."""
     gpu = stage.gpu
+    held = " (trunk held by FreezeBody)" if stage.trunk_frozen else ""
+    at = "" if stage.step is None else f" at step {stage.step:,}{held}"
     lines = [
-        f"plan: {stage.config} on {stage.gpus} x {gpu['name']} ({stage.strategy}, "
+        f"plan: {stage.config}{at} on {stage.gpus} x {gpu['name']} ({stage.strategy}, "
         f"{stage.precision}; {gpu['bf16_tflops']:g} TFLOP/s bf16, "
         f"{gpu['memory_tb_per_s']:g} TB/s, {gpu['memory_gib']:g} GiB)",
     ]
@@ -407,6 +528,8 @@ def table(stage: StagePlan) -> str:
         lines.append(f"  rank {rank.rank}: {where}")
         lines.append(f"    GFLOP/image: {_fmt_parts(rank.flops_per_image)}")
         lines.append(f"    ms: {ms}")
+        if not math.isclose(rank.mean_step_ms, rank.step_ms["total"], rel_tol=1e-9):
+            lines.append(f"    ms averaged over the resolution draws: {rank.mean_step_ms:,.1f}")
     comm = stage.communication
     lines.append("")
     lines.append(
@@ -414,8 +537,14 @@ def table(stage: StagePlan) -> str:
         f"reduce {comm['reduce_gb']:.2f} GB at {comm['link_gb_per_s']:g} GB/s: "
         f"{comm['ms']:.1f} ms"
     )
+    drawn = not math.isclose(stage.step_ms, stage.largest_step_ms, rel_tol=1e-9)
+    averaged = (
+        f" averaged over the resolution draws ({stage.largest_step_ms:,.1f} ms at the largest)"
+        if drawn
+        else ""
+    )
     lines.append(
-        f"step: {stage.step_ms:,.1f} ms for {stage.images_per_step:,} images; "
+        f"step: {stage.step_ms:,.1f} ms{averaged} for {stage.images_per_step:,} images; "
         f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU "
         f"(from a full teacher cache: {stage.cached_step_ms:,.1f} ms)"
     )

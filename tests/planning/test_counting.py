@@ -33,3 +33,15 @@ def test_gathered_weights_are_counted_in_bf16_and_restored():
     assert layer.weight.dtype == torch.float32
     assert layer.weight.data_ptr() == master.data_ptr()  # the master weights themselves
     assert layer.weight.grad is None
+
+
+def test_fsdp2_gathers_a_copy_even_in_the_master_dtype():
+    """FSDP2 all-gathers into a buffer of its own on any number of ranks: a float32 run's
+    gathered weights are a second float32 copy, counted in the step."""
+    layer = nn.Linear(256, 512)
+    master = layer.weight.data
+    with StepCounter() as counter, gathered_weights([layer], torch.float32):
+        assert layer.weight.data_ptr() != master.data_ptr()
+        peak = counter.peak
+    assert peak == (512 * 256 + 512) * 4
+    assert layer.weight.data_ptr() == master.data_ptr()

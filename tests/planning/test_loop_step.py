@@ -1,0 +1,74 @@
+"""What Lightning's loop holds beside a planned step (``radio-lit plan --step``), and the step
+time averaged over the partitions' resolution draws, through the real command on the C-RADIOv4
+quickstart (two partitions drawing from two resolutions each, FreezeBody for 10 steps)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from radio_lit.cli import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "configs" / "quickstart-c-radio.yaml")
+#: quickstart-c-radio.yaml's partitions: (name, batch, resolutions, chances).
+PARTITIONS = [("low", 6, [48, 64], [0.5, 0.5]), ("high", 2, [96, 128], [0.5, 0.5])]
+
+
+def _plan(*extra: str) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan.main(["--config", QUICKSTART, "--gpus", "1", "--gpu", "h100", "--json", *extra])
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict]:
+    return {step: _plan(*(["--step", step] if step else [])) for step in ("", "0", "5", "10")}
+
+
+def _optimizer(stage: dict) -> float:
+    return stage["ranks"][0]["memory_gib"]["optimizer state"]
+
+
+def test_the_first_step_holds_no_optimizer_state_and_a_held_trunk_none_of_its_own(plans):
+    steady, first, held, free = plans[""], plans["0"], plans["5"], plans["10"]
+    assert _optimizer(first) == 0.0 < _optimizer(held) < _optimizer(free)
+    assert _optimizer(free) == _optimizer(steady)
+    assert held["trunk_frozen"] and not free["trunk_frozen"] and steady["step"] is None
+    student = held["parameters"]["student"]
+    trainable = student + sum(held["parameters"]["heads"].values())
+    ratio = _optimizer(held) / _optimizer(free)  # AdamW: two float32 moments of each
+    assert ratio == pytest.approx((trainable - student) / trainable, rel=1e-3)
+
+
+def test_the_earlier_steps_gradients_live_through_the_forward(plans):
+    """Step 0 has none; a later step holds the trunk's and heads' float32 gradients from the
+    earlier step until zero_grad, after its forward: its step peak is larger."""
+    first = plans["0"]["ranks"][0]["memory_gib"]["step peak"]
+    later = plans["10"]["ranks"][0]["memory_gib"]["step peak"]
+    assert later > first
+
+
+def test_the_step_is_averaged_over_the_draws_of_the_resolutions(plans):
+    """At one GPU (one rank runs both partitions) the averaged step is the chance-weighted mean
+    of the plans of each fixed draw; the largest draw's is reported beside it."""
+    steady = plans[""]
+    fixed = []
+    for draw in itertools.product(*(zip(r, c, strict=True) for _, _, r, c in PARTITIONS)):
+        spec = {
+            name: {"batch_size": batch, "resolutions": [size], "probabilities": None}
+            for (name, batch, sizes, _), (size, _) in zip(PARTITIONS, draw, strict=True)
+        }
+        chance = draw[0][1] * draw[1][1]
+        fixed.append((chance, _plan(f"--model.partitions={json.dumps(spec)}")["step_ms"]))
+    assert steady["step_ms"] == pytest.approx(sum(c * ms for c, ms in fixed), rel=1e-6)
+    assert steady["largest_step_ms"] == pytest.approx(max(ms for _, ms in fixed), rel=1e-6)
+    assert steady["step_ms"] < steady["largest_step_ms"]
+    seconds = steady["step_ms"] / 1e3
+    assert steady["images_per_s_per_gpu"] == pytest.approx(steady["images_per_step"] / seconds)
