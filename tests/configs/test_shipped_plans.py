@@ -39,12 +39,8 @@ def _forwards(module, teachers):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_plan_counts_the_config(name):
-    if gpu_recipe(name):  # a build of its own: counted as it is
-        cli = cpu_sized(name, "--model.init_from=null")
-        module = cli.model
-    else:
-        cli = built(name)
-        module = copy.deepcopy(cli.model)  # the shared build stays real
+    cli = cpu_sized(name, "--model.init_from=null") if gpu_recipe(name) else built(name)
+    module = copy.deepcopy(cli.model)  # the shared build stays real
     gpus = 1 if gpu_recipe(name) else world_size(raw(name))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module(module, mode)
