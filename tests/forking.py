@@ -47,6 +47,19 @@ class Outcome:
     exitcode: int
     stdout: str
     stderr: str
+    #: Seconds from the start of ``function`` to its end, less the time the process waited
+    #: for a CPU (``/proc/self/schedstat``'s run delay, where the kernel has it): what it
+    #: takes on an idle machine, its sleeps and waits included; ``None`` when it was killed.
+    seconds: float | None = None
+
+
+def _run_delay() -> float:
+    """Seconds this process's main thread has waited on a run queue (0 where the kernel does
+    not say: the wall time is then taken as the process's own)."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _main(
@@ -58,6 +71,7 @@ def _main(
     err: str,
     new_session: bool,
 ) -> None:
+    start, waited = time.monotonic(), _run_delay()
     if new_session:  # its own process group: os.killpg(pid, ...) reaches its children too
         os.setsid()
     # The process inherits the fork server's start method; a command starts with the
@@ -73,7 +87,11 @@ def _main(
         os.close(file)
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
     module, name = function.split(":")
-    getattr(importlib.import_module(module), name)(*args)
+    try:
+        getattr(importlib.import_module(module), name)(*args)
+    finally:  # also on sys.exit(code) and on an exception; not on os._exit or a kill
+        seconds = time.monotonic() - start - (_run_delay() - waited)
+        Path(err).with_name("seconds").write_text(f"{seconds:.3f}")
 
 
 class Forked:
@@ -81,6 +99,7 @@ class Forked:
 
     def __init__(self, process: Any, out: Path, err: Path) -> None:
         self.process, self.out, self.err = process, out, err
+        self.seconds = out.with_name("seconds")
 
     @property
     def pid(self) -> int:
@@ -96,7 +115,8 @@ class Forked:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-        return Outcome(self.process.exitcode, self.out.read_text(), self.err.read_text())
+        seconds = float(self.seconds.read_text()) if self.seconds.is_file() else None
+        return Outcome(self.process.exitcode, self.out.read_text(), self.err.read_text(), seconds)
 
 
 def start(
@@ -117,6 +137,7 @@ def start(
     environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     folder.mkdir(parents=True, exist_ok=True)
     out, err = folder / "stdout", folder / "stderr"
+    (folder / "seconds").unlink(missing_ok=True)  # an earlier process's, in a reused folder
     process = _CONTEXT.Process(
         target=_main,
         args=(function, list(args), environment, str(cwd), str(out), str(err), new_session),

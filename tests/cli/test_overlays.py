@@ -203,25 +203,22 @@ def test_an_entry_whose_class_path_changes_starts_fresh(init_args, tmp_path, cap
 
 
 def test_a_class_path_change_is_one_line_of_the_log(tmp_path) -> None:
-    """Through the real command: one line on standard error, the printed config intact."""
+    """Through the real command (``radio_lit.cli.app.main``, what the console script runs, in
+    a process forked from the tests' fork server): one line on standard error, the printed
+    config intact."""
     import os
-    import subprocess
-    import sys
+
+    from tests import forking
 
     overlay = tmp_path / "d3.yaml"
     swap = {"class_path": "radio_lit.teachers.DINOv3Teacher", "init_args": {"model": "m"}}
     overlay.write_text(yaml.safe_dump({"model": {"teachers": {"dino": swap}}}))
-    done = subprocess.run(
-        [sys.executable, "-m", "radio_lit", "fit", "--config", QUICKSTART]
-        + ["--config", str(overlay), "--print_config"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
+    argv = ["fit", "--config", QUICKSTART, "--config", str(overlay), "--print_config"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = forking.run(
+        "radio_lit.cli.app:main", [argv], tmp_path / "forked", 120, env=env, cwd=tmp_path
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.exitcode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "starts fresh" in line]
     assert said == [
         "config: model.teachers.dino: class_path radio_lit.teachers.DINOv2Teacher -> "

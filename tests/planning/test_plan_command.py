@@ -1,49 +1,58 @@
 """``radio-lit plan`` through the real command: a plan of a config it builds (the table and
-``--json`` with the same figures), and bad input as one line with exit code 2."""
+``--json`` with the same figures), and bad input as one line with exit code 2.
+
+Each command line runs ``radio_lit.cli.app.main`` (what the ``radio-lit`` console script runs)
+in a process of its own forked from the tests' fork server (:mod:`tests.forking`: a fork, not
+the ~7 CPU seconds of a fresh interpreter's imports), two at a time (one per core)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from radio_lit.core.errors import TRACEBACK_ENV
+from tests import forking
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart-c-radio.yaml")
 
 
-def _radio_lit(*args: str) -> subprocess.CompletedProcess:
+def _concurrently(commands: dict[str, list[str]], folder: Path) -> dict[str, forking.Outcome]:
+    """``radio-lit plan ARGS`` for each of ``commands``, each in a forked process of its own
+    (in the repository, as the README runs it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("RADIO_LIT_TRACEBACK", None)
-    command = [sys.executable, "-m", "radio_lit", "plan", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    env.pop(TRACEBACK_ENV, None)
+    forking.ensure_server()
 
-
-def _concurrently(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
-    with ThreadPoolExecutor(2) as pool:
-        return dict(
-            zip(commands, pool.map(lambda a: _radio_lit(*a), commands.values()), strict=True)
+    def run(name: str) -> forking.Outcome:
+        argv = ["plan", *commands[name]]
+        return forking.run(
+            "radio_lit.cli.app:main", [argv], folder / name.replace(" ", "-"), env=env, cwd=ROOT
         )
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(commands, pool.map(run, commands), strict=True))
 
 
 @pytest.fixture(scope="module")
-def plans():
-    """The quickstart's plan at 2 H200s, as a table and as JSON (two fresh processes)."""
+def plans(tmp_path_factory):
+    """The quickstart's plan at 2 H200s, as a table and as JSON (two processes)."""
     return _concurrently(
         {
             "table": ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200"],
             "json": ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200", "--json"],
-        }
+        },
+        tmp_path_factory.mktemp("plans"),
     )
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The bad command lines, run concurrently (each is a fresh process)."""
+    """The bad command lines, run concurrently (each a process of its own)."""
     folder = tmp_path_factory.mktemp("plan")
     broken = folder / "broken.yaml"
     broken.write_text(
@@ -57,11 +66,11 @@ def runs(tmp_path_factory):
         "not built": ["--config", str(broken)],
         "gpus": ["--config", QUICKSTART, "--gpus", "7"],
     }
-    return _concurrently(commands)
+    return _concurrently(commands, folder)
 
 
-def _one_line_error(run: subprocess.CompletedProcess) -> str:
-    assert run.returncode == 2, run.stderr[-2000:]
+def _one_line_error(run: forking.Outcome) -> str:
+    assert run.exitcode == 2, run.stderr[-2000:]
     lines = [line for line in run.stderr.splitlines() if line.startswith("radio-lit: error:")]
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
     return lines[0]
@@ -86,7 +95,7 @@ def test_gpus_that_do_not_split_the_partitions(runs):
 @pytest.mark.slow
 def test_table_and_json_hold_the_same_figures(plans):
     table, data = plans["table"], plans["json"]
-    assert table.returncode == 0 and data.returncode == 0, table.stderr[-2000:] + data.stderr
+    assert table.exitcode == 0 and data.exitcode == 0, table.stderr[-2000:] + data.stderr
     plan = json.loads(data.stdout)
     assert plan["gpus"] == 2 and plan["gpu"]["name"].startswith("NVIDIA H200")
     ranks = {tuple(r["partitions"]) for r in plan["ranks"]}
