@@ -65,6 +65,7 @@ def runs(tmp_path_factory):
         "unknown gpu": ["--config", QUICKSTART, "--gpu", "h10"],
         "not built": ["--config", str(broken)],
         "gpus": ["--config", QUICKSTART, "--gpus", "7"],
+        "step": ["--config", QUICKSTART, "--step", "-1"],
     }
     return _concurrently(commands, folder)
 
@@ -92,6 +93,11 @@ def test_gpus_that_do_not_split_the_partitions(runs):
     assert "--gpus 7" in line and "model.partitions.low.batch_size=6" in line
 
 
+def test_a_negative_step(runs):
+    line = _one_line_error(runs["step"])
+    assert "--step must be a training step >= 0, got -1" in line
+
+
 @pytest.mark.slow
 def test_table_and_json_hold_the_same_figures(plans):
     table, data = plans["table"], plans["json"]
@@ -106,7 +112,8 @@ def test_table_and_json_hold_the_same_figures(plans):
         assert set(rank["flops_per_image"]) - {"other"} >= parts | upsampled
         assert rank["memory_gib"]["total"] > rank["memory_gib"]["step peak"] > 0
         assert f"{rank['memory_gib']['total']:.2f}" in table.stdout
-    assert f"{plan['step_ms']:,.1f} ms" in table.stdout
+    assert f"{plan['step_ms']:,.1f} ms averaged over the resolution draws" in table.stdout
+    assert f"({plan['largest_step_ms']:,.1f} ms at the largest)" in table.stdout
     assert f"{plan['images_per_s_per_gpu']:,.1f} images/s per GPU" in table.stdout
     per_view = sum(plan["cache"]["bytes_per_view"].values())
     assert f"{per_view / 2**20:,.2f} MiB per view" in table.stdout
