@@ -80,6 +80,22 @@ def _bytes(module: nn.Module | None, buffers: bool = True) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _bytes_once(modules: Any) -> int:
+    """Bytes of the parameters and buffers of ``modules``, a tensor they share counted once
+    (RADIO entries of one source hold one model: ``RADIOTeacher``'s share)."""
+    tensors = {id(t): t for m in modules for t in [*m.parameters(), *m.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def shared_teachers(teachers: Mapping[str, nn.Module]) -> list[list[str]]:
+    """The groups of two or more teacher entries that hold one model (the same parameters)."""
+    groups: dict[int, list[str]] = {}
+    for name, teacher in teachers.items():
+        first = next(teacher.parameters(), None)
+        groups.setdefault(id(first) if first is not None else id(teacher), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def _count(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
@@ -213,7 +229,7 @@ def _memory(
         "DDP buckets": trainable if strategy == "DDP" else 0,  # gradients: in the step peak
         "optimizer state": states * loop.updated_bytes(module) / shards,
         "EMA student": _bytes(getattr(module, "ema", None)) / shards,
-        "teachers": sum(_bytes(t) for t in module.teachers.values()),
+        "teachers": _bytes_once(module.teachers.values()),
         "step peak": count.peak_bytes,
     }
     out = {k: v / GIB for k, v in memory.items()}
@@ -320,6 +336,9 @@ def _parameters(module: Any) -> dict[str, Any]:
     }
     if upsamplers:
         out["upsamplers"] = upsamplers
+    shared = shared_teachers(module.teachers)
+    if shared:
+        out["one model"] = shared
     if getattr(module, "ema", None) is not None:
         out["EMA student"] = _count(module.ema)
     return out
@@ -500,7 +519,14 @@ def table(stage: StagePlan) -> str:
     ]
     params = stage.parameters
     heads = sum(params["heads"].values())
-    teachers = ", ".join(f"{n} {c / 1e6:,.1f} M" for n, c in params["teachers"].items())
+    groups = [[n] for n in params["teachers"]]
+    for shared in params.get("one model", []):
+        groups = [g for g in groups if g[0] not in shared[1:]]
+        groups[next(i for i, g in enumerate(groups) if g[0] == shared[0])] = shared
+    teachers = ", ".join(
+        f"{' = '.join(g)} {params['teachers'][g[0]] / 1e6:,.1f} M{' (one model)' * (len(g) > 1)}"
+        for g in groups
+    )
     extra = "".join(
         f"; upsampler {n} {c / 1e6:,.1f} M" for n, c in params.get("upsamplers", {}).items()
     )

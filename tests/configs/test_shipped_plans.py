@@ -73,5 +73,10 @@ def test_plan_counts_the_config(name):
         assert parts["student forward"] > 0 and parts["backward"] > parts["student forward"]
         assert rank.memory_gib["total"] > rank.memory_gib["step peak"] > 0
         assert set(rank.images) == set(rank.partitions)
+    shared = sorted(sorted(g) for g in _forwards(module, module.teachers) if len(g) > 1)
+    assert sorted(sorted(g) for g in stage.parameters.get("one model", [])) == shared
+    weights = {id(t): t for m in module.teachers.values() for t in [*m.parameters(), *m.buffers()]}
+    once = sum(t.numel() * t.element_size() for t in weights.values()) / 2**30
+    assert all(r.memory_gib["teachers"] == pytest.approx(once) for r in stage.ranks)  # held once
     assert stage.step_ms > 0 and stage.images_per_step > 0
     assert sum(stage.cache["bytes_per_view"].values()) > 0
