@@ -2,9 +2,11 @@
 # Every GPU check of radio-lit in one call, in order of importance, each step's output kept in
 # OUTDIR (default: gpu-session/): benchmarks/gpu_check.py (every shipped config built and
 # stepped: gpu_check.txt), `radio-lit plan` of every config it stepped beside what it measured
-# (plan_check.txt, on the host's CPUs), the `gpu` tests (gpu_tests.txt), then radio-lit's
-# stage-1 step against a plain PyTorch loop (train_step.txt). Each step has its own time
-# limit, so that one that hangs leaves the others their time; about 14 minutes in all on one H200.
+# (plan_check.txt, on the host's CPUs), the `gpu` tests (gpu_tests.txt), radio-lit's
+# stage-1 step against a plain PyTorch loop (train_step.txt), then what CUDA holds at AM-RADIO
+# stage 2's memory peak (memory_at_peak.txt, the plan's open question). Each step has its own
+# time limit, so that one that hangs leaves the others their time; about 14 minutes in all on
+# one H200 before memory_at_peak (up to 150 s more).
 #
 #   bash benchmarks/gpu_session.sh [OUTDIR]
 #
@@ -44,4 +46,6 @@ esac
 step plan_check 300 "$py" benchmarks/plan_check.py "$out/gpu_check.txt" --gpu "$gpu"
 step gpu_tests 120 "$py" -m pytest -m gpu -q -rA -p no:cacheprovider $(grep -rl "mark.gpu" tests)
 step train_step 150 "$py" benchmarks/train_step.py --config configs/stage1.yaml --device cuda --teacher-depth 8
+# what CUDA holds at AM-RADIO stage 2's peak, by allocation site: the plan is 13 % under there
+step memory_at_peak 150 "$py" benchmarks/memory_at_peak.py --config recipes/am-radio/stage2.yaml --device cuda
 echo "== done in $(($(date +%s) - start)) s; outputs in $out/"
