@@ -69,6 +69,10 @@ __all__ = [
 ]
 
 GIB = 2**30
+#: The most the plan's memory per rank has been under a measured GPU run's peak (0.87x of
+#: AM-RADIO stage 2 under DDP on an H200, benchmarks/README.md "plan"): a rank within this
+#: share of its GPU's memory is "tight" [choice].
+MEMORY_MARGIN = 0.13
 #: Bytes of one float32 value.
 FP32 = 4
 
@@ -122,6 +126,7 @@ class RankPlan:
     step_ms: dict[str, float]
     mean_step_ms: float
     fits: bool
+    tight: bool
 
 
 @dataclass
@@ -379,6 +384,17 @@ def _advice(module: Any, rank: RankPlan, device: Device, strategy: str) -> str:
     )
 
 
+def _tight(rank: RankPlan, device: Device) -> str:
+    """The warning of a rank that fits by less than :data:`MEMORY_MARGIN`."""
+    total = rank.memory_gib["total"]
+    return (
+        f"rank {rank.rank} ({', '.join(rank.partitions)}) needs {total:.1f} GiB of the "
+        f"{device.memory_gib:.1f} GiB of a {device.name}: within the {MEMORY_MARGIN:.0%} the "
+        'plan has been under on GPUs (benchmarks/README.md, "plan"); leave that headroom '
+        "(a smaller batch or resolution of its largest partition)"
+    )
+
+
 def distinct_ranks(partitions: Any, gpus: int) -> list[int]:
     """The first rank of each set of partitions a rank runs at ``gpus`` ranks (a
     :class:`~radio_lit.training.partitions.PartitionPlan`); ``ValueError`` when a partition's
@@ -449,6 +465,7 @@ def plan_stage(
                 step_ms=times,
                 mean_step_ms=rank_means[rank],
                 fits=memory["total"] <= device.memory_gib,
+                tight=(1 - MEMORY_MARGIN) * device.memory_gib < memory["total"],
             )
         )
     communication = _communication(module, strategy, gpus, device)
@@ -489,6 +506,7 @@ def plan_stage(
         calibration=fit.source,
     )
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
+    stage.warnings += [_tight(r, device) for r in ranks if r.fits and r.tight]
     return stage
 
 
@@ -542,7 +560,7 @@ def table(stage: StagePlan) -> str:
     for rank in stage.ranks:
         who = f"{rank.rank} ({', '.join(rank.partitions)})"
         cells = "".join(f"{rank.memory_gib[n]:>13.2f}" for n in names)
-        verdict = "fits" if rank.fits else "DOES NOT FIT"
+        verdict = ("fits, tight" if rank.tight else "fits") if rank.fits else "DOES NOT FIT"
         lines.append(f"{who:<34}{cells}  {verdict}")
     lines.append("")
     lines.append("per rank: images, resolution, GFLOP per image by part, step ms by part")

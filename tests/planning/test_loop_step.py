@@ -72,3 +72,27 @@ def test_the_step_is_averaged_over_the_draws_of_the_resolutions(plans):
     assert steady["step_ms"] < steady["largest_step_ms"]
     seconds = steady["step_ms"] / 1e3
     assert steady["images_per_s_per_gpu"] == pytest.approx(steady["images_per_step"] / seconds)
+
+
+def test_a_rank_within_the_plans_gpu_error_of_its_memory_is_tight(plans, tmp_path):
+    """A GPU whose memory the rank's total fills to within ``MEMORY_MARGIN`` (the most the plan
+    has been under on a GPU): it fits, marked tight, with a warning saying why."""
+    import yaml
+
+    from radio_lit.planning.plan import MEMORY_MARGIN
+
+    total = plans[""]["ranks"][0]["memory_gib"]["total"]
+    card = {
+        **plans[""]["gpu"],
+        "name": "a small GPU",
+        "memory_gib": total / (1 - MEMORY_MARGIN / 2),
+    }
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(card), encoding="utf-8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan.main(["--config", QUICKSTART, "--gpus", "1", "--gpu", str(path), "--largest-draws"])
+    table = out.getvalue()
+    assert "fits, tight" in table
+    assert "within the 13% the plan has been under on GPUs" in table
+    assert not plans[""]["ranks"][0]["tight"]  # an H100 has room to spare
