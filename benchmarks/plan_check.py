@@ -67,7 +67,8 @@ def plan_arguments(config: Path, depth: int, gpu: str) -> list[str]:
     return args
 
 
-def _planned(args: list[str]) -> dict:
+def planned(args: list[str]) -> dict:
+    """``radio-lit plan``'s ``--json`` figures of the command line ``args`` (with ``--json``)."""
     from radio_lit.cli import plan
 
     out = io.StringIO()
@@ -76,7 +77,8 @@ def _planned(args: list[str]) -> dict:
     return json.loads(out.getvalue())
 
 
-def _peak(stage: dict) -> float:
+def largest_total(stage: dict) -> float:
+    """The largest memory per rank (GiB) of a stage's plan."""
     return max(r["memory_gib"]["total"] for r in stage["ranks"])
 
 
@@ -100,9 +102,12 @@ def draw_peaks(config: Path, depth: int, gpu: str) -> dict[tuple[int, ...], tupl
             if options[index] is not None:
                 spec["resolutions"] = [options[index]]
             fixed[name] = spec
-        stage = _planned([*base, f"--model.partitions={json.dumps(fixed)}"])
+        stage = planned([*base, f"--model.partitions={json.dumps(fixed)}"])
         key = tuple(o[i] for o, i in zip(sizes, combo, strict=True))
-        out[key] = (math.prod(c[i] for c, i in zip(chances, combo, strict=True)), _peak(stage))
+        out[key] = (
+            math.prod(c[i] for c, i in zip(chances, combo, strict=True)),
+            largest_total(stage),
+        )
     return out
 
 
@@ -161,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         return _draws_report(args)
     if args.measured is None:
         parser.error("give gpu_check.py's output, or --draws CONFIG")
-    from radio_lit.cli import plan
 
     rows = measured_rows(args.measured.read_text(encoding="utf-8"))
     print(f"{'config':<36}{'step ms':>9}{'plan':>9}{'ratio':>7}{'GiB':>8}{'plan':>8}{'ratio':>7}")
@@ -170,15 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         if own_module(merged([config])):
             print(f"{name:<36}  - (radio-lit plan plans distillation runs)")
             continue
-        out = io.StringIO()
         try:
-            with contextlib.redirect_stdout(out):
-                plan.main(plan_arguments(config, args.teacher_depth, args.gpu))
-            stage = json.loads(out.getvalue())
+            stage = planned(plan_arguments(config, args.teacher_depth, args.gpu))
         except (Exception, SystemExit) as error:  # noqa: BLE001 (one row's failure)
             print(f"{name:<36}  - plan failed: {str(error).splitlines()[0][:80]}")
             continue
-        total = max(r["memory_gib"]["total"] for r in stage["ranks"])
+        total = largest_total(stage)
         step = stage["step_ms"]
         print(
             f"{name:<36}{ms:>9.1f}{step:>9.1f}{step / ms:>7.2f}{gib:>8.2f}{total:>8.2f}"

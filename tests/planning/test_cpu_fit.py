@@ -13,9 +13,6 @@ step's gradients and the optimizer state).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from radio_lit.cli import plan
+from benchmarks.plan_check import planned
 from tests.planning.cpu_fit import RUNS, _config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _planned(config: gpu_check.ShippedConfig, extra: list[str]) -> dict:
     overrides = gpu_check.size_overrides(config, "cpu", None)
     args = ["--config", str(config.files[0]), "--gpus", "1", "--gpu", "h100", "--json"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        plan.main([*args, "--step", "1", *overrides, *extra])
-    return json.loads(out.getvalue())
+    return planned([*args, "--step", "1", *overrides, *extra])
 
 
 @pytest.mark.slow

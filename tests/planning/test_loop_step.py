@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.plan_check import planned
 from radio_lit.cli import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,10 +22,7 @@ PARTITIONS = [("low", 6, [48, 64], [0.5, 0.5]), ("high", 2, [96, 128], [0.5, 0.5
 
 
 def _plan(*extra: str) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        plan.main(["--config", QUICKSTART, "--gpus", "1", "--gpu", "h100", "--json", *extra])
-    return json.loads(out.getvalue())
+    return planned(["--config", QUICKSTART, "--gpus", "1", "--gpu", "h100", "--json", *extra])
 
 
 @pytest.fixture(scope="module")

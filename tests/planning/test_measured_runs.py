@@ -19,38 +19,23 @@ memory within 15 %, step time within 25 % of the measured figure.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.plan_check import plan_arguments
-from radio_lit.cli import plan
+from benchmarks.plan_check import largest_total, plan_arguments, planned
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _plan(args: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        plan.main(args)
-    return json.loads(out.getvalue())
-
-
 def _on_one_h200(config: str) -> dict:
     """The plan of ``config`` as measured, its memory at the largest draws only."""
-    return _plan([*plan_arguments(ROOT / "configs" / config, 8, "h200"), "--largest-draws"])
-
-
-def _memory(stage: dict) -> float:
-    return max(rank["memory_gib"]["total"] for rank in stage["ranks"])
+    return planned([*plan_arguments(ROOT / "configs" / config, 8, "h200"), "--largest-draws"])
 
 
 @pytest.mark.slow
 def test_am_radio_stage2_memory_on_one_h200():
-    assert abs(_memory(_on_one_h200("recipes/am-radio/stage2.yaml")) / 91.83 - 1) <= 0.15
+    assert abs(largest_total(_on_one_h200("recipes/am-radio/stage2.yaml")) / 91.83 - 1) <= 0.15
 
 
 @pytest.mark.slow
@@ -58,7 +43,7 @@ def test_stage1_step_time_and_memory_on_one_h200():
     stage = _on_one_h200("stage1.yaml")
     assert stage["trunk_frozen"]  # FreezeBody's 5,000 steps hold the trunk at step 1
     assert abs(stage["step_ms"] / 238.6 - 1) <= 0.25
-    assert abs(_memory(stage) / 14.57 - 1) <= 0.15
+    assert abs(largest_total(stage) / 14.57 - 1) <= 0.15
 
 
 @pytest.mark.slow
@@ -68,4 +53,4 @@ def test_c_radio_stage1_largest_draws_bound_the_measured_peak_on_one_h200():
         "low_res": 432,
         "high_res": 1152,
     }
-    assert _memory(stage) >= 42.91
+    assert largest_total(stage) >= 42.91
