@@ -100,5 +100,6 @@ def test_the_cpu_twin_distils_the_exported_quickstart(quickstart_export: Path) -
         ours = {n: t(images, (64, 64)) for n, t in teachers.items()}
     for name, output in ours.items():  # the published model's own outputs are the targets
         expected = exported["backbone" if name == "quickstart" else name]
-        torch.testing.assert_close(output.features, expected.features, rtol=0, atol=0)
+        # two code paths (the teacher's forward and radio_lit.load's): equal up to float rounding
+        torch.testing.assert_close(output.features, expected.features, rtol=1e-5, atol=1e-5)
     one_step(cli)
