@@ -255,7 +255,24 @@ def _other_class(value: Any, previous: Any) -> bool:
         return False
     if not previous.get("init_args"):  # nothing to keep or drop
         return False
-    return given != earlier and _imported(given) is not _imported(earlier)
+    return not _same_class(given, earlier)
+
+
+def _same_class(given: str, earlier: str) -> bool:
+    """Whether two class paths name one class, each given short (``DINOv2Teacher``, which
+    jsonargparse resolves by its last part among the classes the option admits) or full (or by
+    an old alias, ``radio_lit/_aliases.py``): two paths that import compare as classes, a
+    short name by the name of the class the other one names."""
+    one, other = _imported(given), _imported(earlier)
+    if inspect.isclass(one) and inspect.isclass(other):
+        return one is other
+    return _class_name(given) == _class_name(earlier)
+
+
+def _class_name(class_path: str) -> str:
+    """The name of the class ``class_path`` names (an alias imports to its class)."""
+    found = _imported(class_path)
+    return found.__name__ if inspect.isclass(found) else class_path.rpartition(".")[2]
 
 
 def _class_path(value: Any) -> str | None:

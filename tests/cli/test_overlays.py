@@ -229,21 +229,39 @@ def test_a_class_path_change_is_one_line_of_the_log(tmp_path) -> None:
     assert dino["init_args"]["model"] == "m" and dino["init_args"]["model_kwargs"] is None
 
 
-def test_a_class_value_merges_while_its_class_path_stays(tmp_path, capsys) -> None:
-    """The same class named again (by its full path) merges its init_args as before."""
-    overlay = {
-        "model": {
-            "teachers": {
-                "dino": {
-                    "class_path": "radio_lit.teachers.DINOv2Teacher",
-                    "init_args": {"resolution": 42},
-                }
-            }
-        }
-    }
-    dino = _resolved(tmp_path, capsys, overlay)["model"]["teachers"]["dino"]["init_args"]
+@pytest.mark.parametrize(
+    ("earlier", "given"),
+    [
+        (None, "radio_lit.teachers.DINOv2Teacher"),  # quickstart's full path, then full
+        (None, "DINOv2Teacher"),  # full, then the short name jsonargparse accepts
+        ("DINOv2Teacher", "radio_lit.teachers.DINOv2Teacher"),  # short, then full
+        ("DINOv2Teacher", "DINOv2Teacher"),  # short, then short
+    ],
+    ids=["full-full", "full-short", "short-full", "short-short"],
+)
+def test_a_class_value_merges_while_its_class_path_stays(earlier, given, tmp_path, capsys) -> None:
+    """The same class named again, by its full path or its short name in either config,
+    merges its init_args: one rule for both spellings (a short name was once taken for another
+    class, and every earlier argument of the teacher was dropped)."""
+    layers = [
+        {"model": {"teachers": {"dino": {"class_path": given, "init_args": {"resolution": 42}}}}}
+    ]
+    if earlier is not None:  # the earlier layer names quickstart's class by its short name
+        layers.insert(0, {"model": {"teachers": {"dino": {"class_path": earlier}}}})
+    dino = _resolved(tmp_path, capsys, layers)["model"]["teachers"]["dino"]["init_args"]
     assert dino["resolution"] == 42 and dino["pretrained"] is False
     assert dino["model_kwargs"] == {"depth": 2, "embed_dim": 48, "num_heads": 2, "img_size": 56}
+
+
+def test_another_class_by_its_short_name_starts_fresh(tmp_path, capsys) -> None:
+    """The short name of another class is another class: quickstart's DINOv2 settings go."""
+    init_args = {"model": "vit_tiny_patch16_224", "pretrained": False}
+    overlay = {
+        "model": {"teachers": {"dino": {"class_path": "TimmTeacher", "init_args": init_args}}}
+    }
+    dino = _resolved(tmp_path, capsys, overlay)["model"]["teachers"]["dino"]
+    assert dino["class_path"].endswith("TimmTeacher")
+    assert dino["init_args"] == {**_defaults("radio_lit.teachers.TimmTeacher"), **init_args}
 
 
 def test_a_mapping_inside_a_dict_setting_merges_at_every_depth(tmp_path, capsys) -> None:
