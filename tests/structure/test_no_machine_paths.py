@@ -10,7 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("radio_lit", "configs", "docs")
 # an absolute path into a machine's own folders, or the developers' shared folder by any route
-MACHINE_PATH = re.compile(r"(?<![\w.:/])/(?:work|root|home|tmp|mnt|opt)/[\w.-]+|\.\./shared/|\bshared/(?:papers|measurements|tools)/")
+MACHINE_PATH = re.compile(
+    r"(?<![\w.:/])/(?:work|root|home|tmp|mnt|opt)/[\w.-]+"
+    r"|\.\./shared/|\bshared/(?:papers|measurements|tools)/"
+)
 
 
 def _shipped_files() -> list[Path]:
