@@ -327,7 +327,7 @@ class PlainStep:
             return torch.tensor(values, dtype=torch.float32, device=device).view(1, 3, 1, 1)
 
         self.pixels = {n: (channel(t.mean), channel(t.std)) for n, t in self.teachers.items()}
-        self.student_pixels = (channel(module.student_mean), channel(module.student_std))
+        self.student_pixels = tuple(map(channel, module.conditioner.values))
         self.affine = {}  # name -> (mu, W, elementwise), or None: the identity
         for name, normalizer in module.normalizers.items():
             if not normalizer.requires_statistics:

@@ -22,6 +22,7 @@ from radio_lit.metrics.logging import epoch_logs, logs_this_step, step_logs
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.normalizers import statistics as teacher_stats
 from radio_lit.students import Student, StudentOutput
+from radio_lit.students.conditioner import StudentConditioner
 from radio_lit.students.ema import EMAStudent, fill_missing_ema
 from radio_lit.students.heads import summary_token_slots, teacher_heads
 from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_module
@@ -113,8 +114,8 @@ class DistillationModule(pl.LightningModule):
         self.student = student
         self.teachers = nn.ModuleDict(teachers)
         self.student_resolution = student_input_size(student_resolution, student.patch_size)
-        self.student_mean = tuple(student_mean or student.pixel_mean)
-        self.student_std = tuple(student_std or student.pixel_std)
+        mean, std = student_mean or student.pixel_mean, student_std or student.pixel_std
+        self.conditioner = StudentConditioner(mean, std)  # saved: a published model's too
         self.feature_loss = loss if loss is not None else MSE()
         self.summary_loss = summary_loss if summary_loss is not None else Cosine()
         names = list(teachers)
@@ -135,9 +136,9 @@ class DistillationModule(pl.LightningModule):
         overrides = check_names(grid_policy_overrides or {}, names, "grid_policy_overrides")
         interpolatable = {name: t.interpolatable for name, t in teachers.items()}
         self.grid_policies = check_policies(grid_policy, overrides, interpolatable)
-        size, mean, std = self.student_resolution, self.student_mean, self.student_std
+        size, conditioner = self.student_resolution, self.conditioner
         self.partitions = PartitionPlan(partitions, names, size, student.patch_size)
-        self.student_step = StudentStep(student.patch_size, size, mean, std, shifts, damp, mesa)
+        self.student_step = StudentStep(student.patch_size, size, conditioner, shifts, damp, mesa)
         self.compile_option, self.fsdp2 = compile, fsdp2
         self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
         self.register_load_state_dict_post_hook(ignore_teacher_weights)

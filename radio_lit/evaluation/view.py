@@ -100,7 +100,7 @@ def module_view(module: DistillationModule) -> ModelView:
     """
 
     def outputs(images: Tensor) -> dict[str, TeacherOutput]:
-        view = normalize_view(images, module.student_mean, module.student_std)
+        view = normalize_view(images, *module.conditioner.values)
         student = module.student(view)
         estimates = {BACKBONE: TeacherOutput(student.summary[:, 0], student.features)}
         for name, heads in module.heads.items():

@@ -26,6 +26,7 @@ from radio_lit.export.head_spaces import ImportedHeads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import Student, TeacherHeads
+from radio_lit.students.conditioner import saved_conditioner
 from radio_lit.students.heads import summary_token_slots
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ _EXPORT_OPTIONS = {f.name for f in fields(ExportOptions)}
 
 
 def student_weights(
-    checkpoint: str | Path, own_keys: Iterable[str], teachers: Iterable[str]
+    checkpoint: str | Path,
+    own_keys: Iterable[str],
+    teachers: Iterable[str],
+    state: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], list[str]]:
     """The student, head and EMA weights of an earlier stage's checkpoint (``model.init_from``).
 
@@ -69,6 +73,8 @@ def student_weights(
         own_keys: the state-dict keys of the module to load into (its ``state_dict()``:
             the shapes are checked too).
         teachers: the module's teacher names.
+        state: the checkpoint's ``state_dict`` when the caller has read it already
+            (:func:`training_state`).
 
     Returns:
         the weights, and the teachers new in this stage (AM-RADIO 4: SAM joins in stage 2),
@@ -78,20 +84,7 @@ def student_weights(
         FileNotFoundError, ValueError: one line naming the file and what to pass instead.
     """
     path = Path(checkpoint)
-    if not is_checkpoint(path):
-        raise FileNotFoundError(
-            f"model.init_from: checkpoint {path} does not exist; point it at the previous "
-            "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
-        )
-    try:
-        state = read_training_checkpoint(path)
-    except Exception as error:  # truncated, not a checkpoint, or pickled objects
-        raise ValueError(
-            f"model.init_from: {path} cannot be read as a checkpoint "
-            f"({str(error).splitlines()[0]}); point it at "
-            "a .ckpt written by radio-lit fit"
-        ) from error
-    state = state.get("state_dict", state) if isinstance(state, dict) else {}
+    state = training_state(path) if state is None else state
     weights = {k: v for k, v in state.items() if k.startswith(STUDENT_PREFIXES)}
     if not weights:
         raise ValueError(f"{path} holds no student or head weights (no 'student.*' keys)")
@@ -114,6 +107,25 @@ def student_weights(
     if new:
         log.info("model.init_from: heads of teachers new in this stage start fresh: %s", new)
     return weights, new
+
+
+def training_state(path: Path) -> dict[str, Tensor]:
+    """The ``state_dict`` of an earlier stage's checkpoint (``model.init_from``), or one line
+    naming the file and what to pass instead."""
+    if not is_checkpoint(path):
+        raise FileNotFoundError(
+            f"model.init_from: checkpoint {path} does not exist; point it at the previous "
+            "stage's .ckpt (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
+        )
+    try:
+        state = read_training_checkpoint(path)
+    except Exception as error:  # truncated, not a checkpoint, or pickled objects
+        raise ValueError(
+            f"model.init_from: {path} cannot be read as a checkpoint "
+            f"({str(error).splitlines()[0]}); point it at "
+            "a .ckpt written by radio-lit fit"
+        ) from error
+    return state.get("state_dict", state) if isinstance(state, dict) else {}
 
 
 def _check_shapes(path: Path, own: Mapping[str, Any], saved: Mapping[str, Tensor]) -> None:
@@ -267,14 +279,12 @@ def checkpoint_inference_model(
     resolution = options.student_resolution
     if isinstance(resolution, int):
         resolution = (resolution, resolution)
+    mean, std = saved_conditioner(state) or (  # what the run trained with, else the config's
+        options.student_mean or student.pixel_mean,
+        options.student_std or student.pixel_std,
+    )
     return inference_model(
-        student,
-        heads,
-        normalizers,
-        teachers,
-        tuple(options.student_mean or student.pixel_mean),
-        tuple(options.student_std or student.pixel_std),
-        tuple(resolution),
+        student, heads, normalizers, teachers, tuple(mean), tuple(std), tuple(resolution)
     )
 
 

@@ -317,7 +317,6 @@ def module_inference_model(module: Any) -> RadioLitModel:
         heads,
         spaces,
         teachers,
-        module.student_mean,
-        module.student_std,
+        *module.conditioner.values,
         module.student_resolution,
     )

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from radio_lit.core.dtypes import keeping_float64
 from radio_lit.normalizers import Normalizer
 from radio_lit.students import TeacherHeads
 
@@ -135,12 +136,7 @@ class ImportedHeads(nn.Module):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> ImportedHeads:
         """Device moves, but no dtype casts of the float64 spaces (as the normalizers')."""
-
-        def keep_float64(t: Tensor) -> Tensor:
-            out = fn(t)
-            return out if t.dtype != torch.float64 or out.dtype == t.dtype else t.to(out.device)
-
-        return super()._apply(keep_float64, recurse)
+        return super()._apply(keeping_float64(fn), recurse)
 
     def extra_repr(self) -> str:
         return f"names={self.names}"

@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from radio_lit.export.checkpoint import is_sharded_checkpoint, student_weights
+from radio_lit.export.checkpoint import is_sharded_checkpoint, student_weights, training_state
 from radio_lit.export.layout import (
     BASE,
     CONDITIONER,
@@ -44,7 +44,7 @@ from radio_lit.export.layout import (
     trunk_from_radio,
 )
 from radio_lit.export.published import KNOWN, Published, read_published
-from radio_lit.students import CPEViT, MLPHead
+from radio_lit.students import CPEViT, MLPHead, TeacherHeads
 from radio_lit.students.ema import EMAStudent
 from radio_lit.students.heads import mlp_shape
 
@@ -56,15 +56,57 @@ def initialize(module: Any, source: Source) -> None:
     (a :class:`~radio_lit.module.DistillationModule`)."""
     path, names = _source(source)
     if path.suffix == ".ckpt" or is_sharded_checkpoint(path):
-        weights, _ = student_weights(path, module.state_dict(), module.heads)
-        module.load_state_dict(weights, strict=False)
-        rank_zero_info(f"model.init_from: {path} (radio-lit checkpoint)")
+        load_stage(module, path)
         return
     if not path.exists():
         raise FileNotFoundError(f"model.init_from: {path} does not exist; {KNOWN}")
     published = read_published(path)
     rank_zero_info(f"model.init_from: {path} ({published.format})")
     load_published(module, published, names)
+
+
+def load_stage(module: Any, path: Path) -> None:
+    """An earlier stage's ``.ckpt`` (or sharded folder) into ``module``: its student, heads
+    and EMA (:func:`~radio_lit.export.checkpoint.student_weights`), and what it kept of a
+    published start: the pixel conditioner (:mod:`radio_lit.students.conditioner`) and the
+    imported heads, in the shapes the source shipped them and the space they predict in
+    (:class:`~radio_lit.export.head_spaces.ImportedHeads`, carried heads included)."""
+    state = training_state(path)
+    _adopt_saved_heads(module, state)
+    weights, _ = student_weights(path, module.state_dict(), module.heads, state)
+    kept = ("conditioner.", "imported_heads.")
+    weights.update({k: v for k, v in state.items() if k.startswith(kept)})
+    module.load_state_dict(weights, strict=False)
+    rank_zero_info(f"model.init_from: {path} (radio-lit checkpoint)")
+
+
+def _adopt_saved_heads(module: Any, state: Mapping[str, Tensor]) -> None:
+    """Each head that ``state`` holds in another shape than the config builds (a published
+    model's head imported by an earlier stage: its own hidden width and depth) is rebuilt in
+    the saved shape, and the EMA with it; a head of other input or output widths is left for
+    :func:`~radio_lit.export.checkpoint.student_weights` to refuse."""
+    rebuilt = False
+    for name, own in list(module.heads.items()):
+        prefix = f"heads.{name}."
+        saved = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        if not saved or "features.inp.weight" not in saved:
+            continue
+        shapes = {k: v.shape for k, v in own.state_dict().items()}
+        if shapes == {k: v.shape for k, v in saved.items()}:
+            continue
+        heads = TeacherHeads.from_state(saved)
+        if _widths(heads) != _widths(own):
+            continue
+        module.heads[name] = heads.to(dtype=own.features.out.weight.dtype)
+        rebuilt = True
+    if rebuilt and getattr(module, "ema", None) is not None:
+        module.ema = EMAStudent(module.student, module.heads, module.ema.decay)
+
+
+def _widths(heads: TeacherHeads) -> list[tuple[int, int] | None]:
+    """The input and output widths of a teacher's feature and summary heads."""
+    parts = (heads.features, heads.summary)
+    return [None if h is None else (h.inp.in_features, h.out.out_features) for h in parts]
 
 
 def _source(source: Source) -> tuple[Path, dict[str, str]]:
@@ -220,12 +262,11 @@ def _input_normalization(module: Any, state: Mapping[str, Tensor]) -> None:
         return
     mean = tuple(float(v) for v in state[CONDITIONER + "norm_mean"].flatten())
     std = tuple(float(v) for v in state[CONDITIONER + "norm_std"].flatten())
-    if (mean, std) != (tuple(module.student_mean), tuple(module.student_std)):
+    if (mean, std) != module.conditioner.values:
         rank_zero_info(
             f"model.init_from: the student's pixel mean/std are the source's: {mean} / {std}"
         )
-    module.student_mean, module.student_std = mean, std
-    module.student_step.mean, module.student_step.std = mean, std
+    module.conditioner.set(mean, std)  # saved with the run, exported (students.conditioner)
 
 
 def load_heads(

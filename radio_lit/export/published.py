@@ -50,7 +50,8 @@ from radio_lit.export.layout import (
 
 #: What to pass, said by every refusal.
 KNOWN = (
-    "pass a radio-lit .ckpt, an NVlabs checkpoint (.pth/.pth.tar with args and state_dict), a "
+    "pass a radio-lit .ckpt or export (.pth, .safetensors beside its .json), an NVlabs checkpoint "
+    "(.pth/.pth.tar with args and state_dict), a "
     "Hugging Face folder (NVlabs' radio_model.* or transformers' RadioModel), or timm "
     "*_radio_v4 weights"
 )
@@ -102,6 +103,10 @@ def read_published(path: str | Path) -> Published:
     if path.is_dir():
         return _read_folder(path)
     if path.suffix == ".safetensors":
+        if path.with_suffix(".json").is_file():  # radio-lit's safetensors export
+            config = json.loads(path.with_suffix(".json").read_text())
+            state = _load_safetensors(path)
+            return _published(path, "radio-lit export (safetensors)", config, state)
         if (path.parent / "config.json").is_file():
             return _read_folder(path.parent)
         return _read_timm(path, _load_safetensors(path), None)

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from radio_lit.data.views import teacher_view
 from radio_lit.geometry.shifts import PatchShifts, shifted_view
 from radio_lit.students import Student, StudentOutput
+from radio_lit.students.conditioner import StudentConditioner
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent
 from radio_lit.training.partitions import Chunk
@@ -50,7 +51,6 @@ from radio_lit.training.random_streams import RankStream, gather_ranks, own_rank
 
 __all__ = ["DAMP", "MESA", "EMAView", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
 
-Triple = tuple[float, float, float]
 
 #: :class:`~radio_lit.training.random_streams.RankStream` purposes: the student's training forwards
 #: (CPE windows, dropout, DAMP's noise) and the view shifts.
@@ -85,8 +85,7 @@ class StudentStep:
     Args:
         patch: the student's patch size.
         resolution: ``(H, W)`` the student's default view size.
-        mean: the student's pixel mean.
-        std: the student's pixel std.
+        conditioner: the student's pixel mean and std (the run's state, restored on resume).
         shifts: shift-equivariant views (report 2.3.1); ``None``: unshifted.
         damp: weight noise in training forwards (report 2.4); ``None``: off.
         mesa: the EMA student's MESA term (report 2.3.2); ``None``: no EMA.
@@ -96,16 +95,14 @@ class StudentStep:
         self,
         patch: int,
         resolution: tuple[int, int],
-        mean: Triple,
-        std: Triple,
+        conditioner: StudentConditioner,
         shifts: PatchShifts | None = None,
         damp: DAMP | None = None,
         mesa: MESA | None = None,
     ) -> None:
         self.patch = patch
         self.resolution = resolution
-        self.mean = mean
-        self.std = std
+        self.conditioner = conditioner
         self.shifts = shifts
         self.damp = damp
         self.mesa = mesa
@@ -140,9 +137,8 @@ class StudentStep:
         ``training``."""
         size = resolution or self.resolution
         margin = self.margin if shift is not None else 0.0
-        view = teacher_view(
-            shifted_view(crop, size, margin, shift, self.patch), size, self.mean, self.std
-        )
+        mean, std = self.conditioner.values
+        view = teacher_view(shifted_view(crop, size, margin, shift, self.patch), size, mean, std)
         if not training:
             return student(view)
         with self.streams["forward"].active(view.device), weight_noise(self.damp, student, True):

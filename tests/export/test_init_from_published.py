@@ -40,7 +40,7 @@ def imported_module(source: Path | str | dict, **overrides) -> torch.nn.Module:
 def outputs_in_teacher_space(module, images: torch.Tensor) -> dict[str, tuple]:
     """The module's student and heads before any statistics: heads read as teacher space."""
     with torch.no_grad():
-        student = module.student(normalize_view(images, module.student_mean, module.student_std))
+        student = module.student(normalize_view(images, *module.conditioner.values))
         outputs = {"backbone": (student.summary, student.features)}
         for name, heads in module.heads.items():
             slot = module.summary_token.get(name)
@@ -62,10 +62,10 @@ def test_a_radio_lit_export_read_back_reproduces_its_student_and_heads(trained, 
     images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
     want = own_outputs(trained, images)
     with torch.no_grad():
-        student = trained.student(normalize_view(images, trained.student_mean, trained.student_std))
+        student = trained.student(normalize_view(images, *trained.conditioner.values))
     want["backbone"] = (student.summary, student.features)
     assert module.imported_heads.names == ["clip", "dino", "sam"]
-    assert module.student_mean == pytest.approx(trained.student_mean)
+    assert module.conditioner.values[0] == pytest.approx(trained.conditioner.values[0])
     assert_reproduces(outputs_in_teacher_space(module, images), want)
 
 

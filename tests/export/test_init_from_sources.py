@@ -51,7 +51,7 @@ def without_registers(tokens: torch.Tensor) -> torch.Tensor:
 def student_tokens(module, images: torch.Tensor) -> torch.Tensor:
     """The student's summary tokens and patch features, ``[B, 3 + h w, D]``."""
     with torch.no_grad():
-        view = normalize_view(images, module.student_mean, module.student_std)
+        view = normalize_view(images, *module.conditioner.values)
         out = module.eval().student(view)
     return torch.cat([out.summary, out.features.flatten(1, 2)], dim=1)
 
@@ -69,7 +69,7 @@ def test_a_transformers_radio_model_saved_with_save_pretrained(tmp_path):
     torch.manual_seed(0)
     module = tiny_module(student=c_radio_student(), init_from=str(tmp_path / "c-radio"))
     assert read_published(tmp_path / "c-radio").format == "transformers RadioModel folder"
-    assert module.student_mean == pytest.approx((0.4, 0.5, 0.6))
+    assert module.conditioner.values[0] == pytest.approx((0.4, 0.5, 0.6))
     for size in [(64, 64), (48, 80)]:
         images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
@@ -89,7 +89,7 @@ def test_timm_radio_v4_weights_in_a_timm_folder(tmp_path):
     with torch.no_grad():
         view = normalize_view(images, config["mean"], config["std"])
         want = without_registers(source.forward_features(view))
-    assert module.student_mean == pytest.approx(config["mean"])
+    assert module.conditioner.values[0] == pytest.approx(config["mean"])
     assert relative(student_tokens(module, images), want) <= 1e-5
 
 
@@ -161,7 +161,7 @@ def test_a_checkpoint_as_nvlabs_code_loads_it(exported):
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         want = official(images, feature_fmt="NLC")
-        view = normalize_view(images, module.student_mean, module.student_std)
+        view = normalize_view(images, *module.conditioner.values)
         student = module.student(view)
     assert relative(student.features.flatten(1, 2), want["backbone"].features) <= 1e-5
     for name in ("clip", "dino", "sam"):

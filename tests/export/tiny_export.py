@@ -57,7 +57,7 @@ def saved_run(
 def own_outputs(module: pl.LightningModule, images: torch.Tensor) -> dict[str, tuple]:
     """radio-lit's own forward: student, heads, then each normalizer's inverse."""
     with torch.no_grad():
-        student = module.student(normalize_view(images, module.student_mean, module.student_std))
+        student = module.student(normalize_view(images, *module.conditioner.values))
         outputs = {"backbone": (student.summary[:, 0], student.features)}
         for name, heads in module.heads.items():
             features = module.normalizers[name].inverse(heads.features(student.features))

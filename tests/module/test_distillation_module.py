@@ -55,7 +55,7 @@ def test_feature_loss_compares_the_student_map_resized_to_the_teacher_grid():
     (targets,) = module.normalized_targets([outputs])
     module.student.eval()  # deterministic CPE for the reference computation
     losses = module.distillation_losses(module.match(crop, outputs, targets))
-    student = module.student(teacher_view(crop, 64, module.student_mean, module.student_std))
+    student = module.student(teacher_view(crop, 64, *module.conditioner.values))
     for name, target in targets.items():
         grid = module.teachers[name].grid_size
         assert target.shape[1:3] == grid
@@ -225,7 +225,7 @@ def test_predict_returns_estimates_in_the_teacher_space(tmp_path):
     assert set(estimates) == {"backbone", *module.teachers}
     for name in module.teachers:
         estimate, normalizer = estimates[name], module.normalizers[name]
-        view = teacher_view(crop, 64, module.student_mean, module.student_std)
+        view = teacher_view(crop, 64, *module.conditioner.values)
         normalized = module.heads[name].features(module.student(view).features)
         assert estimate.features.shape[-1] == module.teachers[name].feature_dim
         assert estimate.features.shape[1:3] == normalized.shape[1:3]

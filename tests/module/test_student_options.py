@@ -6,12 +6,12 @@ from tests.builders import cpu_trainer, image_batches, tiny_module, tiny_student
 
 def test_student_input_statistics_default_to_the_students_pretrained_config():
     module = tiny_module()  # timm vit_tiny_patch16_224 (augreg): mean = std = 0.5
-    assert module.student_mean == module.student.pixel_mean == (0.5, 0.5, 0.5)
-    assert module.student_std == module.student.pixel_std == (0.5, 0.5, 0.5)
+    assert module.conditioner.values == (module.student.pixel_mean, module.student.pixel_std)
+    assert module.conditioner.values == ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     given = tiny_module(student_mean=(0.4, 0.5, 0.6), student_std=(0.2, 0.3, 0.4))
-    assert (given.student_mean, given.student_std) == ((0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
+    assert given.conditioner.values == ((0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
     imagenet = tiny_module(student=tiny_student(model="deit_tiny_patch16_224"))
-    assert imagenet.student_mean == (0.485, 0.456, 0.406)
+    assert imagenet.conditioner.values[0] == (0.485, 0.456, 0.406)
 
 
 def test_spectral_reparam_scales_get_weight_decay(tmp_path):

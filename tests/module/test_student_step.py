@@ -16,6 +16,7 @@ from radio_lit.cache import CachedBatch
 from radio_lit.callbacks import RandomStates
 from radio_lit.geometry.shifts import PatchShifts
 from radio_lit.students import CPEViT
+from radio_lit.students.conditioner import StudentConditioner
 from radio_lit.students.damp import DAMP
 from radio_lit.students.ema import MESA
 from radio_lit.training.partitions import Chunk
@@ -44,7 +45,7 @@ def test_views_shift_the_student_and_only_live_teachers():
     assert torch.equal(live.shifts.student, cached.shifts.student)  # drawn first, alike
     assert live.shifts.student.shape == (3, 2) and live.shifts.student.abs().max() <= 2
     assert live.shifts.student.device.type == "cpu" and live.shifts.margin == 0.5
-    unshifted = StudentStep(16, (64, 64), MEAN, STD)
+    unshifted = StudentStep(16, (64, 64), StudentConditioner(MEAN, STD))
     crop = torch.randint(0, 255, (3, 3, 64, 64), dtype=torch.uint8)
     (chunk,) = step_views(crop, module.partitions, unshifted, teachers, train=True)
     assert chunk.shifts is None and torch.equal(chunk.crop, crop.float() / 255)

@@ -43,7 +43,7 @@ def main(rank: int, world_size: int, init_file: str, output: str) -> None:
     second = _draw(module, crop)
     step = module.student_step  # a fresh step object, as a resumed run builds
     module.student_step = StudentStep(
-        step.patch, step.resolution, step.mean, step.std, shifts, step.damp
+        step.patch, step.resolution, step.conditioner, shifts, step.damp
     )
     module.student_step.load_state_dict(ranks, world_size, rank)
     module.student_step.begin(module.student, 1, rank)

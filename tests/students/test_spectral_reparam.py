@@ -284,3 +284,29 @@ def test_a_no_grad_forward_first_in_a_step_leaves_the_gradients_to_the_next():
     qkv = student.blocks[0].attn.qkv
     assert qkv.weight.grad is not None and qkv.spectral_scale.grad is not None
     torch.testing.assert_close(qkv.spectral_u, before, rtol=0, atol=0)  # one iteration per step
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_loaded_plain_model_does_not_move_under_power_iterations_at_lr_0(version):
+    """A published model's plain weights loaded into a σReparam student keep their function
+    through many training steps' power iterations with no update (issue: 20 iterations from a
+    random start left sigma at 0.94-1.0 of the true one, and each step's iteration moved the
+    function 1.8-3.4e-3, 4.7 % after 300 steps at lr 0)."""
+    torch.manual_seed(0)
+    plain = tiny_student(spectral_reparam=False).eval()
+    student = tiny_student(spectral_reparam_version=version)
+    student.load_state_dict(plain.state_dict())
+    images = torch.randn(2, 3, 64, 64)
+    before = student.eval()(images).features
+    layers = [m for m in student.modules() if isinstance(m, SpectralLinear)]
+    for layer in layers:  # the true spectral norm, per chunk
+        true = torch.linalg.matrix_norm(layer._matrices(layer.weight).double(), ord=2)
+        torch.testing.assert_close(layer.scale().double(), true, rtol=1e-5, atol=0)
+    student.train()
+    for _ in range(300):  # 300 steps' power iterations, no optimizer update
+        request_power_iteration(student)
+        for layer in layers:
+            layer.effective_weight()
+    after = student.eval()(images).features
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)
+    assert ((after - before).norm() / before.norm()) < 1e-6
