@@ -20,7 +20,12 @@ uninterrupted one, and an export folds each imported head with the space it is i
 The heads a published model ships for teachers the run does not have are carried, untrained
 (``carried.<name>.features|summary.*``, with their ``args.teachers`` entry as JSON in the
 buffer ``entry_<name>``), so that an export in NVlabs' layout keeps them bit for bit beside
-the run's own.
+the run's own. An imported head keeps its published entry too (``published_<name>``): its
+NVlabs adaptor ``type`` and ``model`` (SigLIP2's ``siglip2``, whose loader attaches the text
+encoder) are what the export writes, not a generic type. A teacher that is the published
+model's own backbone output (adapt, extend: the student *is* that model) is no NVlabs teacher:
+its name is kept in ``backbone_<name>`` and the export leaves its head out, so the model's
+summary tokens meet the published teachers only.
 """
 
 from __future__ import annotations
@@ -53,12 +58,19 @@ class ImportedHeads(nn.Module):
         heads = TeacherHeads.from_state(state)
         heads.load_state_dict(state, strict=True)
         self.carried[name] = heads.requires_grad_(False)
-        text = json.dumps(dict(entry)).encode()
-        self.register_buffer(f"entry_{name}", torch.tensor(list(text), dtype=torch.uint8))
+        self.register_buffer(f"entry_{name}", _encoded(entry))
 
     def carried_entries(self) -> dict[str, dict[str, Any]]:
         """The ``args.teachers`` entry of every carried head, by name."""
-        return {n: json.loads(bytes(getattr(self, f"entry_{n}").tolist())) for n in self.carried}
+        return {n: _json(getattr(self, f"entry_{n}")) for n in self.carried}
+
+    def own_backbone(self, name: str) -> None:
+        """Teacher ``name`` is the published model's own backbone output: not exported."""
+        self.register_buffer(f"backbone_{name}", torch.ones((), dtype=torch.uint8))
+
+    def backbones(self) -> list[str]:
+        """The teachers that are the published model's own backbone output."""
+        return [n[len("backbone_") :] for n, _ in self.named_buffers() if n.startswith("backbone_")]
 
     def spaces(self, normalizers: Mapping[str, Any]) -> dict[str, Any]:
         """What an export folds into each feature head (``affine()``, PHI-S A.6): an imported
@@ -71,11 +83,14 @@ class ImportedHeads(nn.Module):
             spaces[name] = HeadSpace(torch.eye(width, dtype=torch.float64), torch.zeros(width))
         return spaces
 
-    def add(self, name: str, width: int) -> None:
-        """Teacher ``name``'s head of ``width`` outputs predicts in the teacher's space."""
+    def add(self, name: str, width: int, entry: Mapping[str, Any] | None = None) -> None:
+        """Teacher ``name``'s head of ``width`` outputs predicts in the teacher's space; its
+        published ``args.teachers`` ``entry`` (type, model) is what an export writes."""
         f64 = torch.float64
         self.register_buffer(f"theta_{name}", torch.eye(width, dtype=f64))
         self.register_buffer(f"shift_{name}", torch.zeros(width, dtype=f64))
+        if entry is not None:
+            self.register_buffer(f"published_{name}", _encoded(entry))
         if name not in self.names:
             self.names.append(name)
 
@@ -111,12 +126,23 @@ class ImportedHeads(nn.Module):
         """What an export writes: the run's ``heads`` and the carried ones, what to fold into
         each (:meth:`spaces`), the ``args.teachers`` entries (the run's ``teachers``, then the
         carried heads' own)."""
-        entries = self.carried_entries()
+        entries, own = self.carried_entries(), set(self.backbones())
+        kept = {n: h for n, h in heads.items() if n not in own}
+        run = [self._published_kind(t) for t in teachers if t["name"] not in own]
         return (
-            {**heads, **self.carried},
+            {**kept, **self.carried},
             self.spaces(normalizers),
-            [*teachers, *(entries[n] for n in self.carried)],
+            [*run, *(entries[n] for n in self.carried)],
         )
+
+    def _published_kind(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """``entry`` with its imported head's published adaptor kind (``type``, ``model``, …);
+        the run's name, summary use and token slot stay."""
+        published = getattr(self, f"published_{entry['name']}", None)
+        if published is None:
+            return entry
+        own = {k: entry[k] for k in ("name", "use_summary", "token_slot") if k in entry}
+        return {**_json(published), **own}
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Tensor], prefix: str, *args: Any, **kwargs: Any
@@ -126,12 +152,17 @@ class ImportedHeads(nn.Module):
             name = key[len(prefix + "theta_") :]
             if name not in self.names:
                 self.add(name, state_dict[key].shape[0])
+        for key in [k for k in state_dict if k.startswith(prefix + "published_")]:
+            name = key[len(prefix + "published_") :]
+            self.register_buffer(f"published_{name}", torch.empty_like(state_dict[key]))
+        for key in [k for k in state_dict if k.startswith(prefix + "backbone_")]:
+            self.own_backbone(key[len(prefix + "backbone_") :])
         for key in [k for k in state_dict if k.startswith(prefix + "entry_")]:
             name = key[len(prefix + "entry_") :]
             if name not in self.carried:
                 inner = prefix + f"carried.{name}."
                 heads = {k[len(inner) :]: v for k, v in state_dict.items() if k.startswith(inner)}
-                self.carry(name, json.loads(bytes(state_dict[key].tolist())), heads)
+                self.carry(name, _json(state_dict[key]), heads)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> ImportedHeads:
@@ -140,6 +171,16 @@ class ImportedHeads(nn.Module):
 
     def extra_repr(self) -> str:
         return f"names={self.names}"
+
+
+def _encoded(entry: Mapping[str, Any]) -> Tensor:
+    """An ``args.teachers`` entry as a uint8 buffer (its JSON text)."""
+    return torch.tensor(list(json.dumps(dict(entry)).encode()), dtype=torch.uint8)
+
+
+def _json(buffer: Tensor) -> dict[str, Any]:
+    """The entry :func:`_encoded` wrote."""
+    return json.loads(bytes(buffer.tolist()))
 
 
 def _compose(linear: nn.Linear, matrix: Tensor, offset: Tensor) -> None:

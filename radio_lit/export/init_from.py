@@ -133,9 +133,30 @@ def load_published(module: Any, published: Published, names: Mapping[str, str]) 
     load_trunk(student, published, num_cls)
     _input_normalization(module, published.state)
     imported, fresh = load_heads(module, published, names)
+    backbones = own_backbone(module, published.path)
+    for name in backbones:
+        module.imported_heads.own_backbone(name)
+    if backbones:
+        rank_zero_info(
+            f"model.init_from: {backbones}: the model's own backbone output, which its exports "
+            "are (no head of theirs is exported)"
+        )
     if getattr(module, "ema", None) is not None:  # the EMA starts at the imported weights
         module.ema = EMAStudent(module.student, module.heads, module.ema.decay)
     rank_zero_info(f"model.init_from: heads imported {imported}; heads that start fresh: {fresh}")
+
+
+def own_backbone(module: Any, path: Path) -> list[str]:
+    """The run's teachers that are the published model's own backbone output (adapt, extend:
+    a frozen copy of the model the student starts as), which an export leaves out: the student
+    *is* that backbone (:class:`~radio_lit.export.head_spaces.ImportedHeads`)."""
+    source = path.expanduser().resolve()
+    mine = []
+    for name, teacher in module.teachers.items():
+        model = getattr(teacher, "backbone_of", None)
+        if model is not None and Path(model).expanduser().resolve() == source:
+            mine.append(name)
+    return mine
 
 
 def source_trunk(published: Published, num_cls: int) -> dict[str, Any]:
@@ -289,6 +310,7 @@ def load_heads(
         )
     heads = heads_from_radio(published.state)
     slots = {t["name"]: int(t["token_slot"]) for t in published.teachers if t["use_summary"]}
+    entries = {t["name"]: t for t in published.teachers}
     imported, fresh = {}, []
     for teacher, own in module.heads.items():
         name = names.get(teacher, teacher)
@@ -298,7 +320,7 @@ def load_heads(
         state = {k[len(name) + 1 :]: v for k, v in heads.items() if k.startswith(name + ".")}
         width = own.features.out.out_features
         own.features = _head(published, name, "features", state, width)
-        module.imported_heads.add(teacher, width)
+        module.imported_heads.add(teacher, width, entries.get(name))
         imported[teacher] = name
         if own.summary is None:
             continue
@@ -313,7 +335,6 @@ def load_heads(
                 f"model.student.init_args.summary_tokens: {[t['name'] for t in published.teachers]}"
             )
         own.summary = _head(published, name, "summary", state, own.summary.out.out_features)
-    entries = {t["name"]: t for t in published.teachers}
     carried = [n for n in shipped if n not in imported.values() and n not in module.heads]
     for name in carried:  # kept, untrained, for the export (ImportedHeads.carry)
         state = {k[len(name) + 1 :]: v for k, v in heads.items() if k.startswith(name + ".")}

@@ -95,6 +95,12 @@ class Teacher(nn.Module):
         raise NotImplementedError
 
     @property
+    def backbone_of(self) -> str | None:
+        """The model whose own backbone output this teacher is (a RADIO model's, for a
+        student that starts as that model: ``model.init_from``), else ``None``."""
+        return None
+
+    @property
     def grid_size(self) -> tuple[int, int]:
         """``(H, W)`` of the feature map for a full view."""
         side = self.resolution // self.patch_size

@@ -156,6 +156,11 @@ class RADIOTeacher(Teacher):
         return self._summary_dim
 
     @property
+    def backbone_of(self) -> str | None:
+        """The model path, for the backbone's own output (``adaptor: backbone``)."""
+        return str(self.source.options[0]) if self.adaptor == "backbone" else None
+
+    @property
     def grid_size(self) -> tuple[int, int]:
         """``(H, W)`` of the feature map for a full view: ``u`` cells per patch and side."""
         side = self.resolution // self.patch_size * self.upsample_factor

@@ -113,3 +113,37 @@ def test_a_next_stage_starts_from_the_first_ones_export(source, adapted, form, t
     module = _module(path).eval()
     assert module.conditioner.values[0] == pytest.approx(CLIP_MEAN)
     _assert_same_model(module_inference_model(module), radio_lit.load(source), 1e-4)
+
+
+@pytest.mark.parametrize("extend", [False, True], ids=["adapt", "extend"])
+def test_adapt_and_extend_export_in_nvlabs_layout_with_the_published_token_layout(
+    exported, extend, tmp_path
+):
+    """The real recipes' layout (a summary token per published teacher, registers; the
+    model's own backbone output a teacher of the run, ``c-radio``): the backbone's own entry
+    is no NVlabs teacher, so the export's tokens meet the published teachers (and, extending,
+    the new one) and NVlabs' layout is written; the imported heads keep their adaptor types."""
+    from radio_lit.export import read_radio
+    from radio_lit.teachers import RADIOTeacher
+    from tests.teachers.tiny import tiny_dinov2_teacher
+
+    source = exported / "student.pth"
+    names = ["clip", "dino", "sam", *(["dino2"] if extend else [])]
+    torch.manual_seed(0)
+    student = tiny_student(**{**STUDENT["init_args"], "num_cls_tokens": None}, summary_tokens=names)
+    teachers = {"c-radio": RADIOTeacher(str(source), adaptor="backbone", summary=False),
+                **_teachers(), **({"dino2": tiny_dinov2_teacher()} if extend else {})}  # fmt: skip
+    module = tiny_module(student=student, teachers=teachers, normalizer=PhiS, init_from=str(source))
+    assert module.imported_heads.backbones() == ["c-radio"]
+    if extend:  # the new teacher's statistics (a fresh head predicts the normalized space)
+        output = module.run_teachers(torch.rand(4, 3, 96, 96), ("dino2",))["dino2"]
+        module.normalizers["dino2"].update(output.features)
+        module.normalizers["dino2"].fit()
+    path = save_radio(module_inference_model(module.eval()), tmp_path / "exported.pth")
+    config, state = read_radio(path)
+    assert [t["name"] for t in config["teachers"]] == names
+    assert not any(k.startswith(("_heads.c-radio", "_feature_projections.c-radio")) for k in state)
+    source_types = {t["name"]: t["type"] for t in read_radio(source)[0]["teachers"]}
+    assert {t["name"]: t["type"] for t in config["teachers"][:3]} == source_types
+    if not extend:  # nothing trained: the export is the published model (its backbone too)
+        _assert_same_model(radio_lit.load(path), radio_lit.load(source), 1e-5)
