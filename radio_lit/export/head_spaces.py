@@ -184,12 +184,38 @@ def _json(buffer: Tensor) -> dict[str, Any]:
 
 
 def _compose(linear: nn.Linear, matrix: Tensor, offset: Tensor) -> None:
-    """``linear`` becomes ``x -> matrix @ linear(x) + offset`` (float64, stored in its dtype)."""
-    weight = linear.weight.double()
-    bias = linear.bias.double() if linear.bias is not None else weight.new_zeros(weight.shape[0])
-    linear.weight.copy_(matrix.to(weight) @ weight)
+    """``linear`` becomes ``x -> matrix @ linear(x) + offset`` (float64, stored in its dtype).
+
+    Under FSDP2 the weight and bias are shards (``DTensor``, dim 0 split over the ranks): each
+    rank gathers them (a collective: every rank composes the same heads at the same step, the
+    statistics being all-reduced), composes the full matrices and keeps its own rows."""
+    weight = _gathered(linear.weight).double()
+    bias = weight.new_zeros(weight.shape[0])
     if linear.bias is not None:
-        linear.bias.copy_(matrix.to(weight) @ bias + offset.to(weight))
+        bias = _gathered(linear.bias).double()
+    matrix = matrix.to(weight)
+    _assign(linear.weight, matrix @ weight)
+    if linear.bias is not None:
+        _assign(linear.bias, matrix @ bias + offset.to(weight))
+
+
+def _gathered(tensor: Tensor) -> Tensor:
+    """The full tensor of an FSDP2 shard (all-gathered), or ``tensor`` itself."""
+    full = getattr(tensor, "full_tensor", None)  # torch.distributed.tensor.DTensor
+    return full() if full is not None else tensor
+
+
+def _assign(parameter: Tensor, value: Tensor) -> None:
+    """``parameter`` takes the full ``value``: an FSDP2 shard its own part of it (every rank
+    holds the same ``value``, so no data moves)."""
+    if hasattr(parameter, "full_tensor"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(
+            value.to(parameter.dtype), parameter.device_mesh, parameter.placements,
+            src_data_rank=None,
+        )  # fmt: skip
+    parameter.copy_(value)
 
 
 @dataclass
