@@ -96,10 +96,19 @@ class ImportedHeads(nn.Module):
 
     @torch.no_grad()
     def follow(
-        self, normalizers: Mapping[str, Normalizer], heads: Mapping[str, Any], ema: Any = None
+        self,
+        normalizers: Mapping[str, Normalizer],
+        heads: Mapping[str, Any],
+        ema: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         """Compose each imported head (the live one, and the EMA student's, ``ema.heads``)
-        with its normalizer where the normalizer was fitted since the last composition."""
+        with its normalizer where the normalizer was fitted since the last composition.
+
+        The composed layer's ``optimizer`` moments are forgotten ``[choice]``: they were
+        gathered in the space before (Adam's first moment would have to turn by the inverse
+        transpose of the composition, and its second, elementwise, cannot turn at all), so
+        the layer's next update starts its moments afresh, as a new parameter's would."""
         groups = [heads] if ema is None else [heads, ema.heads]
         for name in self.names:
             normalizer = normalizers[name]
@@ -114,6 +123,9 @@ class ImportedHeads(nn.Module):
                 forward = forward.diag_embed()
             for group in groups:
                 _compose(group[name].features.out, forward @ old_theta, forward @ (old_mu - mu))
+            if optimizer is not None:
+                for parameter in heads[name].features.out.parameters():
+                    optimizer.state.pop(parameter, None)
             old_theta.copy_(theta)
             old_mu.copy_(mu)
 

@@ -397,8 +397,8 @@ def test_imported_heads_compose_with_each_refit_under_fsdp2_as_under_ddp(
     _trained_alike(fsdp2[0], ddp[0], "FSDP2 and DDP, imported heads", atol=5e-5)
     for key, value in ddp[0]["ema"].items():
         torch.testing.assert_close(fsdp2[0]["ema"][key], value, rtol=1e-4, atol=5e-5, msg=key)
-    assert not torch.equal(ddp[0]["weights"][0]["heads.clip.features.out.weight"],
-                           run("ddp")[0]["weights"][0]["heads.clip.features.out.weight"])  # fmt: skip
+    head = "heads.clip.features.out.weight"  # imported: not the fresh head of a plain run
+    assert not torch.equal(ddp[0]["weights"][0][head], run("ddp")[0]["weights"][0][head])
 
 
 def test_fsdp2_computes_the_sigma_reparam_weights_of_a_step_together(
