@@ -175,7 +175,8 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
     teachers = [dict(t) for t in args.get("teachers") or []]
     extras = args.get("radio_lit") or {}
     per_teacher = bool(args.get("cls_token_per_teacher"))
-    num_cls = int(extras.get("num_cls_tokens", len(teachers) if per_teacher else 1))
+    unique = len({t["name"] for t in teachers})  # NVlabs: a token per teacher *name*
+    num_cls = int(extras.get("num_cls_tokens", unique if per_teacher else 1))
     for index, teacher in enumerate(teachers):
         teacher.setdefault("use_summary", True)
         teacher.setdefault("token_slot", index if per_teacher and num_cls > 1 else 0)
@@ -184,9 +185,45 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
             for key in [k for k in state if k.startswith(old)]:
                 state[new + key[len(old) :]] = state.pop(key)
     kept = {k: v for k, v in state.items() if k.startswith(_KEPT)}
-    architecture = {"model": args.get("model"), "model_kwargs": args.get("model_kwargs") or {}}
-    architecture["num_heads"] = _timm_heads(architecture["model"], architecture["model_kwargs"])
+    model, kwargs = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
+    architecture = {"model": model, "model_kwargs": kwargs}
+    architecture["num_heads"] = _timm_heads(model, kwargs)
     return Published(path, fmt, kept, teachers, num_cls, architecture, _plain(args))
+
+
+#: NVlabs/RADIO's own timm registrations (``radio/extra_timm_models.py``), which timm lacks:
+#: the timm model each is, with the arguments that make it so (NVlabs' ``model_args``).
+NVLABS_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vit_tiny_patch14_224": ("vit_tiny_patch16_224", {"patch_size": 14}),
+    "vit_small_patch14_224": ("vit_small_patch16_224", {"patch_size": 14}),
+    "vit_base_patch14_224": ("vit_base_patch16_224", {"patch_size": 14}),
+    "vit_base_patch16_v2_224": ("vit_base_patch16_224", {
+        "init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True, "img_size": 518 * 16 // 14,
+    }),
+    "vit_large_patch16_v2_224": ("vit_large_patch16_224", {
+        "init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True, "img_size": 518 * 16 // 14,
+    }),
+    "vit_so400m_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1152, "depth": 27, "num_heads": 16, "mlp_ratio": 4304 / 1152,
+    }),
+    "vit_so400m_v2_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1152, "depth": 27, "num_heads": 16, "mlp_ratio": 4320 / 1152,
+    }),
+    "vit_huge_patch16_224": ("vit_huge_patch14_224", {"patch_size": 16}),
+    "vit_giant_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1536, "depth": 40, "num_heads": 24,
+    }),
+    "vit_bigG_patch14_224": ("vit_base_patch16_224", {
+        "patch_size": 14, "embed_dim": 1664, "depth": 48, "num_heads": 16, "init_values": 1e-6,
+    }),
+}  # fmt: skip
+
+
+def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(timm model, model_kwargs)`` of an ``args.model`` and its ``model_kwargs``: an NVlabs
+    name (:data:`NVLABS_MODELS`) as the timm model it is, others as they are."""
+    base, fixed = NVLABS_MODELS.get(model, (model, {}))
+    return base, {**fixed, **kwargs}
 
 
 def _plain(args: Mapping[str, Any]) -> dict[str, Any]:
