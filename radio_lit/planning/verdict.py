@@ -88,7 +88,7 @@ def assumptions(
     elif gpus > 1:
         where = "Lightning's default for several devices: the config names no trainer.strategy"
     else:
-        where = "one device: the config names no trainer.strategy"
+        where = "the config names no trainer.strategy; one GPU"
     out.append(assumption("strategy", strategy, where))
     precision = str(trainer.precision)
     out.append(
