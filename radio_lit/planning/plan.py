@@ -596,8 +596,9 @@ def table(stage: StagePlan) -> str:
     low, high = stage.step_ms_range
     read = stage.cache_read
     lines.append(
-        f"step: {stage.step_ms:,.1f} ms (measured likely {low:,.1f}-{high:,.1f}){averaged} for "
-        f"{stage.images_per_step:,} images; {stage.images_per_s_per_gpu:,.1f} images/s per GPU"
+        f"step: {stage.step_ms:,.1f} ms{averaged} for {stage.images_per_step:,} images "
+        f"(measured likely {low:,.1f}-{high:,.1f} ms); "
+        f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU"
     )
     lines.append(
         f"from a full teacher cache: {stage.cached_step_ms:,.1f} ms a step (reads "

@@ -18,7 +18,7 @@ wider in the plan, though it may be in fact: its basis says "extrapolated"].
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -57,6 +57,13 @@ def time_range(ms: float) -> list[float]:
     return [ms / max(ratios), ms / min(ratios)]
 
 
+def _given(section: Mapping[str, Any], key: str) -> str:
+    value = section[key]
+    if isinstance(value, str) and value.startswith("--trainer."):
+        return f"--trainer.{key} on the command line"
+    return f"the config's trainer.{key}"
+
+
 def assumption(name: str, value: Any, source: str) -> dict[str, str]:
     """One assumption of a plan: what, its value, where it came from."""
     return {"name": name, "value": str(value), "source": source}
@@ -72,10 +79,16 @@ def assumptions(
     cache_images_given: bool,
     calibration: Any,
     gpu_key: str,
+    overrides: Sequence[str] = (),
 ) -> list[dict[str, str]]:
     """What the plan of a config assumed, each with its source: the config's key, the
-    command's option, or a default (Lightning's or radio-lit plan's)."""
-    section = raw.get("trainer") or {}
+    command's option (``overrides``: ``--trainer.KEY`` given on the command line), or a
+    default (Lightning's or radio-lit plan's)."""
+    section = dict(raw.get("trainer") or {})
+    for option in overrides:
+        key = option.removeprefix("--trainer.").split("=", 1)[0]
+        if option.startswith("--trainer."):
+            section[key] = option
     out = [
         assumption(
             "GPUs",
@@ -84,7 +97,7 @@ def assumptions(
         )
     ]
     if "strategy" in section:
-        where = "the config's trainer.strategy"
+        where = _given(section, "strategy")
     elif gpus > 1:
         where = "Lightning's default for several devices: the config names no trainer.strategy"
     else:
@@ -95,7 +108,7 @@ def assumptions(
         assumption(
             "precision",
             precision,
-            "the config's trainer.precision"
+            _given(section, "precision")
             if "precision" in section
             else "Lightning's default: the config names no trainer.precision",
         )
@@ -105,7 +118,7 @@ def assumptions(
         assumption(
             "steps",
             "none" if steps is None else f"{steps:,}",
-            "the config's trainer.max_steps"
+            _given(section, "max_steps")
             if steps is not None
             else "no trainer.max_steps in the config: no GPU-hours",
         )
