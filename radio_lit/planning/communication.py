@@ -151,7 +151,9 @@ def cache_read(
 ) -> dict[str, float]:
     """What a step from a full teacher cache reads: ``images_per_rank`` views a rank, the
     ranks of one node together (``min(gpus, gpus_per_node)``), at the node's read bandwidth
-    (``devices.yaml``'s ``cache_read_gb_per_s``): bytes per node and step (GB) and ms."""
+    (``devices.yaml``'s ``cache_read_gb_per_s``): bytes per node and step (GB) and ms
+    [choice: a view's entry whole, every view size the run's partitions store in it; an upper
+    bound where a rank's partition reads one of them]."""
     per_rank = images_per_rank * sum(bytes_per_view.values())
     node = per_rank * min(gpus, device.gpus_per_node)
     return {
