@@ -19,8 +19,10 @@ Time per collective (ring, ``(N - 1) / N`` of the data each way; an all-reduce t
 bytes over the link's bandwidth (NVLink within a node, the network once ``N`` spans nodes)
 plus a latency term: NCCL's base latency and one hop's latency per ring step, ``N - 1``
 steps (``2 (N - 1)`` for an all-reduce), the steps between nodes at the network's hop latency
-(``devices.yaml``; NCCL's tuning model, ``src/graph/tuning.cc``, Ring/Simple) [choice: no tree
-or PAT algorithm, an upper bound at large ``N``]. The sum is not overlapped with compute
+(``devices.yaml``; NCCL's tuning model, ``src/graph/tuning.cc``, Ring/Simple) [choice: no PAT
+algorithm, an upper bound at large ``N``]; an all-reduce of a few bytes (LAMB's norms) as a
+tree, ``2 ceil(log2 N)`` steps at the Tree/LL latencies [choice: NCCL picks LL for small
+messages]. The sum is not overlapped with compute
 [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of it].
 """
 
@@ -123,9 +125,21 @@ def collectives(
     return out
 
 
-def _latency_ms(op: str, gpus: int, device: Device) -> float:
-    steps = gpus - 1 if op != "all-reduce" else 2 * (gpus - 1)
+#: The largest all-reduce priced as a tree of small messages (NCCL's LL protocol) [choice].
+SMALL = 64 * 2**10
+
+
+def _latency_ms(op: str, size: float, gpus: int, device: Device) -> float:
+    """One collective's latency term at ``gpus`` ranks (module docstring): a ring of
+    ``N - 1`` steps (``2 (N - 1)``: an all-reduce), or, for an all-reduce of at most
+    :data:`SMALL` bytes, a tree of ``2 ceil(log2 N)`` steps at the small-message latencies."""
     nodes = math.ceil(gpus / device.gpus_per_node)
+    if op == "all-reduce" and size <= SMALL:
+        within = 2 * math.ceil(math.log2(min(gpus, device.gpus_per_node)))
+        across = 2 * math.ceil(math.log2(nodes)) if nodes > 1 else 0
+        hops = within * device.small_node_hop_us + across * device.small_network_hop_us
+        return (device.small_base_us + hops) / 1e3
+    steps = gpus - 1 if op != "all-reduce" else 2 * (gpus - 1)
     crossing = 0 if nodes == 1 else steps * nodes / gpus  # the ring's steps between nodes
     hops = (steps - crossing) * device.node_hop_us + crossing * device.network_hop_us
     return (device.collective_base_us + hops) / 1e3
@@ -139,7 +153,7 @@ def communication(found: list[Collective], gpus: int, device: Device) -> dict[st
     rows, total = [], 0.0
     for c in found:
         sent = c.bytes * ring * (2 if c.op == "all-reduce" else 1)
-        latency = c.count * _latency_ms(c.op, gpus, device)
+        latency = c.count * _latency_ms(c.op, c.bytes / max(c.count, 1), gpus, device)
         ms = sent / (link * 1e9) * 1e3 + latency
         rows.append({**asdict(c), "sent_gb": sent / 1e9, "latency_ms": latency, "ms": ms})
         total += ms

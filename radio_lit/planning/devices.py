@@ -24,8 +24,8 @@ class Device:
     reports it), GPUs per node, per-GPU collective bandwidth within a node and across nodes
     (GB/s, one direction), and where the figures come from. Optional (a device file may leave
     them out): a collective's base latency and one ring step's latency within a node and across
-    nodes (µs, NCCL's tuning model, :mod:`radio_lit.planning.communication`), and a node's read
-    bandwidth of a teacher cache (GB/s)."""
+    nodes (µs, NCCL's tuning model, :mod:`radio_lit.planning.communication`), the same of a
+    small all-reduce's tree, and a node's read bandwidth of a teacher cache (GB/s)."""
 
     name: str
     bf16_tflops: float
@@ -38,6 +38,9 @@ class Device:
     collective_base_us: float = 8.4  # NCCL src/graph/tuning.cc baseLat, Ring/Simple
     node_hop_us: float = 3.4  # NCCL src/graph/tuning.cc hwLat NVLink, Ring/Simple
     network_hop_us: float = 14.0  # [choice] a network step: NVLink's and an NDR round trip
+    small_base_us: float = 4.4  # NCCL tuning.cc baseLat, Tree/LL: a few bytes all-reduced
+    small_node_hop_us: float = 0.52  # NCCL tuning.cc hwLat NVLink, Tree/LL
+    small_network_hop_us: float = 5.0  # [choice] a network step of a Tree/LL all-reduce
     cache_read_gb_per_s: float = 25.0  # [choice] a node's local NVMe array, read
 
     def link_gb_per_s(self, ranks: int) -> float:

@@ -83,6 +83,11 @@ def test_time_is_bandwidth_plus_a_latency_per_collective():
     across = communication(collectives(_module(), "FSDP2", 64, torch.bfloat16, "AdamW"), 64, h100)
     assert across["link_gb_per_s"] == h100.network_gb_per_s
     assert across["collectives"][0]["latency_ms"] > 9 * gather["latency_ms"]  # 63 ring steps
+    # LAMB's scalar norms: a tree of 2 log2(8) NVLink steps, then 2 log2(8 nodes) network ones
+    lamb = communication(collectives(_module(), "FSDP2", 64, None, "Lamb"), 64, h100)
+    norms = next(c for c in lamb["collectives"] if c["name"] == "LAMB norms")
+    tree = h100.small_base_us + 6 * h100.small_node_hop_us + 6 * h100.small_network_hop_us
+    assert norms["latency_ms"] == pytest.approx(norms["count"] * tree / 1e3)
 
 
 def test_a_cached_step_reads_its_views_at_the_nodes_bandwidth():
