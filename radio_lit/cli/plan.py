@@ -43,6 +43,7 @@ from radio_lit.planning.plan import (
     table,
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
+from radio_lit.planning.verdict import assumptions
 
 __all__ = ["main"]
 
@@ -80,7 +81,12 @@ def _parser() -> CommandParser:
         "or optimizer state of its own), step 0 has no earlier gradients or optimizer state; "
         "default: a step after every warm-up, the run's largest",
     )
-    parser.add_argument("--cache-images", type=int, default=IMAGENET_TRAIN)
+    parser.add_argument(
+        "--cache-images",
+        type=int,
+        default=None,
+        help=f"images in the teacher cache (default: ImageNet-1k's {IMAGENET_TRAIN:,})",
+    )
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
     return parser
 
@@ -269,6 +275,20 @@ def _plan(
                 for index in range(len(module.partitions.resolutions[name]))
                 if index != largest[name] and not args.largest_draws
             }
+        strategy = strategy_name(trainer)
+        strategy = "DDP" if gpus > 1 and strategy == "one device" else strategy
+        images = args.cache_images or IMAGENET_TRAIN
+        stated = assumptions(
+            raw,
+            trainer,
+            strategy,
+            gpus,
+            given is not None,
+            images,
+            args.cache_images is not None,
+            fit,
+            args.gpu,
+        )
         stages.append(
             plan_stage(
                 module,
@@ -283,8 +303,10 @@ def _plan(
                 optimizer_class=str(optimizer),
                 data_batch=datamodule.batch_size,
                 crop_size=datamodule.crop_size,
-                cache_images=args.cache_images,
+                cache_images=images,
                 cache_dtype=DTYPES[args.cache_dtype],
+                assumptions=stated,
+                gpu_key=args.gpu,
             )
         )
     return stages

@@ -3,7 +3,7 @@ them (``calibration.yaml``), both data files beside this module, each row with i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,10 @@ CALIBRATION = HERE / "calibration.yaml"
 class Device:
     """One GPU: dense bf16 peak (TFLOP/s), memory bandwidth (TB/s), memory (GiB as CUDA
     reports it), GPUs per node, per-GPU collective bandwidth within a node and across nodes
-    (GB/s, one direction), and where the figures come from."""
+    (GB/s, one direction), and where the figures come from. Optional (a device file may leave
+    them out): a collective's base latency and one ring step's latency within a node and across
+    nodes (µs, NCCL's tuning model, :mod:`radio_lit.planning.communication`), the same of a
+    small all-reduce's tree, and a node's read bandwidth of a teacher cache (GB/s)."""
 
     name: str
     bf16_tflops: float
@@ -32,6 +35,13 @@ class Device:
     node_gb_per_s: float
     network_gb_per_s: float
     source: str
+    collective_base_us: float = 8.4  # NCCL src/graph/tuning.cc baseLat, Ring/Simple
+    node_hop_us: float = 3.4  # NCCL src/graph/tuning.cc hwLat NVLink, Ring/Simple
+    network_hop_us: float = 14.0  # [choice] a network step: NVLink's and an NDR round trip
+    small_base_us: float = 4.4  # NCCL tuning.cc baseLat, Tree/LL: a few bytes all-reduced
+    small_node_hop_us: float = 0.52  # NCCL tuning.cc hwLat NVLink, Tree/LL
+    small_network_hop_us: float = 5.0  # [choice] a network step of a Tree/LL all-reduce
+    cache_read_gb_per_s: float = 25.0  # [choice] a node's local NVMe array, read
 
     def link_gb_per_s(self, ranks: int) -> float:
         """The bandwidth a ring collective over ``ranks`` GPUs runs at: NVLink within a node,
@@ -49,10 +59,17 @@ def device_names() -> list[str]:
 
 
 def _device(row: Any, where: str) -> Device:
-    names = [f.name for f in fields(Device)]
-    if not isinstance(row, dict) or sorted(row) != sorted(names):
+    names = [f.name for f in fields(Device) if f.default is MISSING]
+    optional = [f.name for f in fields(Device) if f.default is not MISSING]
+    if (
+        not isinstance(row, dict)
+        or not set(names) <= set(row)
+        or not set(row) <= set(names + optional)
+    ):
         given = sorted(row) if isinstance(row, dict) else type(row).__name__
-        raise ConfigError(f"--gpu {where}: a device needs exactly the keys {names}, got {given}")
+        raise ConfigError(
+            f"--gpu {where}: a device needs the keys {names} (optional: {optional}), got {given}"
+        )
     return Device(**row)
 
 
@@ -83,6 +100,7 @@ class Calibration:
     optimizer_efficiency: float
     rest_ms: float
     source: str
+    device: str = ""  # the devices.yaml name of the GPU it was measured on
 
 
 #: Bytes a LAMB / AdamW step reads and writes per float32 parameter: the parameter and its two
@@ -106,4 +124,5 @@ def calibration() -> Calibration:
         optimizer_efficiency=optimizer,
         rest_ms=float(row["rest"]["ms"]),
         source=str(row["source"]),
+        device=str(row["device"]),
     )

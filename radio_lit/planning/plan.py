@@ -31,11 +31,9 @@ every combination of the partitions' draws [choice: partitions draw independentl
 the same partitions draw alike, as one global RNG seeded alike on every rank does]. The step
 at the largest draws is reported beside it.
 
-**Communication** (per rank and step, ring collectives, ``(N - 1) / N`` of the data each way):
-FSDP2 gathers the student's bf16 weights once per step (``model.fsdp2.layout: student``, or
-blocks without ``reshard_after_forward``) or twice (blocks, ZeRO-3), and reduce-scatters its
-gradients in ``reduce_dtype``; DDP all-reduces float32 gradients (2x the data). At the GPU's
-NVLink bandwidth within a node, its network bandwidth once ``N`` spans nodes.
+**Communication** and the cache's reads: :mod:`radio_lit.planning.communication`; the memory
+verdict, the time range, the assumptions and each figure's basis:
+:mod:`radio_lit.planning.verdict`.
 """
 
 from __future__ import annotations
@@ -50,8 +48,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from radio_lit.planning.communication import cache_read, collectives, communication
 from radio_lit.planning.counting import OTHER, StepCount
 from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
+from radio_lit.planning.verdict import UNEXPLAINED_PEAK_SHARE, basis, memory_verdict, time_range
 
 __all__ = [
     "LoopStep",
@@ -69,10 +69,6 @@ __all__ = [
 ]
 
 GIB = 2**30
-#: The most the plan's memory per rank has been under a measured GPU run's peak (0.87x of
-#: AM-RADIO stage 2 under DDP on an H200, benchmarks/README.md "plan"): a rank within this
-#: share of its GPU's memory is "tight" [choice].
-MEMORY_MARGIN = 0.13
 #: Bytes of one float32 value.
 FP32 = 4
 
@@ -114,8 +110,10 @@ def optimizer_states(class_path: str) -> int:
 @dataclass
 class RankPlan:
     """One rank's step (the first rank of its partitions) at the largest draws: its images,
-    resolutions, FLOPs per image by part, memory (GiB) and time (ms) by part; and its time
-    averaged over the resolution draws (``mean_step_ms``)."""
+    resolutions, FLOPs per image by part, memory (GiB) and time (ms) by part; its time
+    averaged over the resolution draws (``mean_step_ms``); whether its counted memory fits
+    (``fits``), the verdict with the unexplained share of the step peak and the memory's
+    range (:func:`~radio_lit.planning.verdict.memory_verdict`)."""
 
     rank: int
     partitions: list[str]
@@ -126,7 +124,8 @@ class RankPlan:
     step_ms: dict[str, float]
     mean_step_ms: float
     fits: bool
-    tight: bool
+    verdict: str
+    memory_range_gib: list[float]
 
 
 @dataclass
@@ -155,6 +154,11 @@ class StagePlan:
     wall_hours: float | None
     cache: dict[str, Any]
     calibration: str
+    step_ms_range: list[float] = field(default_factory=list)
+    gpu_hours_range: list[float] | None = None
+    cache_read: dict[str, float] = field(default_factory=dict)
+    assumptions: list[dict[str, str]] = field(default_factory=list)
+    basis: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -240,29 +244,6 @@ def _memory(
     out = {k: v / GIB for k, v in memory.items()}
     out["total"] = sum(out.values())
     return out
-
-
-def _communication(module: Any, strategy: str, gpus: int, device: Device) -> dict[str, float]:
-    """Bytes each rank sends per step and their time at the link's bandwidth (ms)."""
-    trainable = sum(p.numel() for _, p in module.trainable_parameters())
-    ring = (gpus - 1) / gpus
-    if strategy == "FSDP2":
-        settings = module.fsdp2
-        gathers = 2 if settings.layout == "blocks" and settings.reshard_after_forward else 1
-        reduce = 2 if settings.reduce_dtype == "bfloat16" else FP32
-        all_gather, reduce_scatter = gathers * 2 * trainable * ring, reduce * trainable * ring
-    elif strategy == "DDP":
-        all_gather, reduce_scatter = 0.0, 2 * FP32 * trainable * ring
-    else:
-        all_gather = reduce_scatter = 0.0
-    link = device.link_gb_per_s(gpus)
-    total = all_gather + reduce_scatter
-    return {
-        "all_gather_gb": all_gather / 1e9,
-        "reduce_gb": reduce_scatter / 1e9,
-        "link_gb_per_s": link,
-        "ms": total / (link * 1e9) * 1e3,
-    }
 
 
 def _times(
@@ -384,14 +365,17 @@ def _advice(module: Any, rank: RankPlan, device: Device, strategy: str) -> str:
     )
 
 
-def _tight(rank: RankPlan, device: Device) -> str:
-    """The warning of a rank that fits by less than :data:`MEMORY_MARGIN`."""
-    total = rank.memory_gib["total"]
+def _may_not_fit(rank: RankPlan, device: Device) -> str:
+    """The warning of a rank whose counted memory fits but not with the share of its step
+    peak the plan has missed on GPUs (:mod:`radio_lit.planning.verdict`)."""
+    low, high = rank.memory_range_gib
+    shares = "-".join(f"{s:.0%}" for s in UNEXPLAINED_PEAK_SHARE)
     return (
-        f"rank {rank.rank} ({', '.join(rank.partitions)}) needs {total:.1f} GiB of the "
-        f"{device.memory_gib:.1f} GiB of a {device.name}: within the {MEMORY_MARGIN:.0%} the "
-        'plan has been under on GPUs (benchmarks/README.md, "plan"); leave that headroom '
-        "(a smaller batch or resolution of its largest partition)"
+        f"rank {rank.rank} ({', '.join(rank.partitions)}) may not fit: counted "
+        f"{rank.memory_gib['total']:.1f} GiB of the {device.memory_gib:.1f} GiB of a "
+        f"{device.name}, {low:.1f}-{high:.1f} GiB with the {shares} of its step peak the plan "
+        'has missed on GPUs (benchmarks/README.md, "plan"); leave that headroom (a smaller '
+        "batch or resolution of its largest partition)"
     )
 
 
@@ -423,6 +407,8 @@ def plan_stage(
     crop_size: int,
     cache_images: int,
     cache_dtype: torch.dtype,
+    assumptions: Sequence[Mapping[str, str]] = (),
+    gpu_key: str = "",
 ) -> StagePlan:
     """The stage's plan from the counted steps of its distinct ranks (``{rank: count}``, at
     the largest draws) and of their other draws (``draws``: :data:`DrawFlops`; ``None``:
@@ -450,6 +436,7 @@ def plan_stage(
     ranks, step = [], 0.0
     for rank, count in counts.items():
         memory = _memory(module, count, strategy, gpus, states, loop)
+        verdict, memory_range = memory_verdict(memory, device.memory_gib)
         times = time(count.flops)
         times["total"] = sum(times.values())
         step = max(step, times["total"])
@@ -465,18 +452,26 @@ def plan_stage(
                 step_ms=times,
                 mean_step_ms=rank_means[rank],
                 fits=memory["total"] <= device.memory_gib,
-                tight=(1 - MEMORY_MARGIN) * device.memory_gib < memory["total"],
+                verdict=verdict,
+                memory_range_gib=memory_range,
             )
         )
-    communication = _communication(module, strategy, gpus, device)
-    largest_step = step + communication["ms"]
-    step = mean_step + communication["ms"]
-    cached = mean_cached + communication["ms"]
+    precision = str(trainer.precision)
+    low = torch.bfloat16 if precision.startswith("bf16") else None
+    low = torch.float16 if precision.startswith("16") else low
+    found = collectives(module, strategy, gpus, low, optimizer_class)
+    comm = communication(found, gpus, device)
+    largest_step = step + comm["ms"]
+    step = mean_step + comm["ms"]
     batches = [p.batch_size for p in partitions.partitions.values()]
     per_step = sum(batches) if None not in batches else data_batch * gpus
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     hours = None if max_steps is None else max_steps * step / 1e3 / 3600
     per_view = cache_bytes_per_view(module, crop_size, cache_dtype)
+    images_per_rank = max(c.total_images for c in counts.values())
+    read = cache_read(per_view, images_per_rank, gpus, device)
+    # the loader's workers read ahead of the step: the slower of the two [choice]
+    cached = max(mean_cached + comm["ms"], read["ms"])
     cache = {
         "images": cache_images,
         "dtype": str(cache_dtype).removeprefix("torch."),
@@ -494,7 +489,7 @@ def plan_stage(
         max_steps=max_steps,
         parameters=_parameters(module),
         ranks=ranks,
-        communication=communication,
+        communication=comm,
         step_ms=step,
         largest_step_ms=largest_step,
         images_per_step=per_step,
@@ -504,9 +499,16 @@ def plan_stage(
         wall_hours=hours,
         cache=cache,
         calibration=fit.source,
+        step_ms_range=time_range(step),
+        gpu_hours_range=None
+        if hours is None
+        else [h / step * hours * gpus for h in time_range(step)],
+        cache_read=read,
+        assumptions=[dict(a) for a in assumptions],
+        basis=basis(device.name, fit, gpu_key or device.name),
     )
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
-    stage.warnings += [_tight(r, device) for r in ranks if r.fits and r.tight]
+    stage.warnings += [_may_not_fit(r, device) for r in ranks if r.verdict == "may not fit"]
     return stage
 
 
@@ -560,8 +562,8 @@ def table(stage: StagePlan) -> str:
     for rank in stage.ranks:
         who = f"{rank.rank} ({', '.join(rank.partitions)})"
         cells = "".join(f"{rank.memory_gib[n]:>13.2f}" for n in names)
-        verdict = ("fits, tight" if rank.tight else "fits") if rank.fits else "DOES NOT FIT"
-        lines.append(f"{who:<34}{cells}  {verdict}")
+        low, high = rank.memory_range_gib
+        lines.append(f"{who:<34}{cells}  {rank.verdict} ({low:.1f}-{high:.1f} GiB on a GPU)")
     lines.append("")
     lines.append("per rank: images, resolution, GFLOP per image by part, step ms by part")
     for rank in stage.ranks:
@@ -576,10 +578,14 @@ def table(stage: StagePlan) -> str:
             lines.append(f"    ms averaged over the resolution draws: {rank.mean_step_ms:,.1f}")
     comm = stage.communication
     lines.append("")
+    parts = "; ".join(
+        f"{c['name']} {c['op']} {c['sent_gb']:.3f} GB {c['dtype']} x{c['count']} "
+        f"{c['ms']:.1f} ms ({c['latency_ms']:.1f} ms latency)"
+        for c in comm["collectives"]
+    )
     lines.append(
-        f"communication per rank and step: all-gather {comm['all_gather_gb']:.2f} GB, "
-        f"reduce {comm['reduce_gb']:.2f} GB at {comm['link_gb_per_s']:g} GB/s: "
-        f"{comm['ms']:.1f} ms"
+        f"communication per rank and step at {comm['link_gb_per_s']:g} GB/s: "
+        f"{parts or 'none'}: {comm['ms']:.1f} ms"
     )
     drawn = not math.isclose(stage.step_ms, stage.largest_step_ms, rel_tol=1e-9)
     averaged = (
@@ -587,15 +593,23 @@ def table(stage: StagePlan) -> str:
         if drawn
         else ""
     )
+    low, high = stage.step_ms_range
+    read = stage.cache_read
     lines.append(
-        f"step: {stage.step_ms:,.1f} ms{averaged} for {stage.images_per_step:,} images; "
-        f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU "
-        f"(from a full teacher cache: {stage.cached_step_ms:,.1f} ms)"
+        f"step: {stage.step_ms:,.1f} ms{averaged} for {stage.images_per_step:,} images "
+        f"(measured likely {low:,.1f}-{high:,.1f} ms); "
+        f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU"
     )
-    if stage.max_steps is not None:
+    lines.append(
+        f"from a full teacher cache: {stage.cached_step_ms:,.1f} ms a step (reads "
+        f"{read['gb_per_node']:,.2f} GB per node and step at {read['read_gb_per_s']:g} GB/s: "
+        f"{read['ms']:,.1f} ms)"
+    )
+    if stage.max_steps is not None and stage.gpu_hours_range is not None:
+        lo, hi = stage.gpu_hours_range
         lines.append(
-            f"max_steps {stage.max_steps:,}: {stage.gpu_hours:,.0f} GPU-hours, "
-            f"{stage.wall_hours:,.1f} h wall at {stage.gpus} GPUs"
+            f"max_steps {stage.max_steps:,}: {stage.gpu_hours:,.0f} GPU-hours "
+            f"(range {lo:,.0f}-{hi:,.0f}), {stage.wall_hours:,.1f} h wall at {stage.gpus} GPUs"
         )
     cache = stage.cache
     per_view = sum(cache["bytes_per_view"].values())
@@ -604,5 +618,7 @@ def table(stage: StagePlan) -> str:
         f"{cache['total_tb']:,.2f} TB for {cache['images']:,} images, one view each"
     )
     lines.append(f"calibration: {stage.calibration}")
+    lines += [f"assumed {a['name']}: {a['value']} ({a['source']})" for a in stage.assumptions]
+    lines += [f"basis of {k}: {v}" for k, v in stage.basis.items()]
     lines += [f"warning: {w}" for w in stage.warnings]
     return "\n".join(lines)

@@ -72,18 +72,20 @@ def test_the_step_is_averaged_over_the_draws_of_the_resolutions(plans):
     assert steady["images_per_s_per_gpu"] == pytest.approx(steady["images_per_step"] / seconds)
 
 
-def test_a_rank_within_the_plans_gpu_error_of_its_memory_is_tight(plans, tmp_path):
-    """A GPU whose memory the rank's total fills to within ``MEMORY_MARGIN`` (the most the plan
-    has been under on a GPU): it fits, marked tight, with a warning saying why."""
+def test_a_rank_within_the_unexplained_share_of_its_step_peak_may_not_fit(plans, tmp_path):
+    """A GPU that holds the rank's counted total but not the 17-21 % of its step peak the plan
+    has missed on GPU runs (benchmarks/README.md, "plan"): "may not fit", with a warning
+    saying why, and the memory's range, the time's range, assumptions and basis printed."""
     import yaml
 
-    from radio_lit.planning.plan import MEMORY_MARGIN
+    from radio_lit.planning.verdict import UNEXPLAINED_PEAK_SHARE
 
-    total = plans[""]["ranks"][0]["memory_gib"]["total"]
+    memory = plans[""]["ranks"][0]["memory_gib"]
+    total, peak = memory["total"], memory["step peak"]
     card = {
         **plans[""]["gpu"],
         "name": "a small GPU",
-        "memory_gib": total / (1 - MEMORY_MARGIN / 2),
+        "memory_gib": total + UNEXPLAINED_PEAK_SHARE[0] * peak / 2,  # above the count only
     }
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(card), encoding="utf-8")
@@ -91,6 +93,23 @@ def test_a_rank_within_the_plans_gpu_error_of_its_memory_is_tight(plans, tmp_pat
     with contextlib.redirect_stdout(out):
         plan.main(["--config", QUICKSTART, "--gpus", "1", "--gpu", str(path), "--largest-draws"])
     table = out.getvalue()
-    assert "fits, tight" in table
-    assert "within the 13% the plan has been under on GPUs" in table
-    assert not plans[""]["ranks"][0]["tight"]  # an H100 has room to spare
+    low, high = (total + s * peak for s in UNEXPLAINED_PEAK_SHARE)
+    assert f"may not fit ({low:.1f}-{high:.1f} GiB on a GPU)" in table
+    assert "rank 0 (low, high) may not fit: counted" in table
+    steady = plans[""]
+    assert steady["ranks"][0]["verdict"] == "fits"  # an H100 has room to spare
+    assert steady["ranks"][0]["memory_range_gib"] == pytest.approx([low, high])
+    lo, hi = steady["step_ms_range"]
+    assert lo == pytest.approx(steady["step_ms"]) and hi == pytest.approx(steady["step_ms"] / 0.88)
+    hours = steady["gpu_hours"]
+    assert steady["gpu_hours_range"] == pytest.approx([hours, hours / 0.88])
+    for line in (
+        "assumed strategy: one device (the config names no trainer.strategy; one GPU)",
+        "assumed precision: 32-true (Lightning's default: the config names no trainer.precision)",
+        "assumed images in the cache: 1,281,167 (ImageNet-1k's training images",
+        "assumed calibration: benchmarks/results/h100-2026-11-26.md",
+        "basis of step time: calibrated on h100, extrapolated to a small GPU",
+        "basis of memory: counted on fake tensors",
+    ):
+        assert line in table, line
+    assert "GPU-hours (range " in table and "(measured likely " in table

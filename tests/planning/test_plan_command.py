@@ -19,6 +19,10 @@ from tests import forking
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart-c-radio.yaml")
+FSDP2_BF16 = [
+    '--trainer.strategy={"class_path": "radio_lit.distributed.strategies.ModelParallelStrategy"}',
+    "--trainer.precision=bf16-mixed",
+]
 
 
 def _concurrently(commands: dict[str, list[str]], folder: Path) -> dict[str, forking.Outcome]:
@@ -40,12 +44,11 @@ def _concurrently(commands: dict[str, list[str]], folder: Path) -> dict[str, for
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    """The quickstart's plan at 2 H200s, as a table and as JSON (two processes)."""
+    """The quickstart's plan at 2 H200s under FSDP2 and bf16-mixed, as a table and as JSON
+    (two processes)."""
+    command = ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200", *FSDP2_BF16]
     return _concurrently(
-        {
-            "table": ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200"],
-            "json": ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200", "--json"],
-        },
+        {"table": command, "json": [*command, "--json"]},
         tmp_path_factory.mktemp("plans"),
     )
 
@@ -117,3 +120,18 @@ def test_table_and_json_hold_the_same_figures(plans):
     assert f"{plan['images_per_s_per_gpu']:,.1f} images/s per GPU" in table.stdout
     per_view = sum(plan["cache"]["bytes_per_view"].values())
     assert f"{per_view / 2**20:,.2f} MiB per view" in table.stdout
+    # the EMA student's gather, in bf16, half of it sent by each of 2 ranks (padding: < 1 %)
+    ema = next(
+        c for c in plan["communication"]["collectives"] if c["name"] == "EMA student weights"
+    )
+    assert ema["op"] == "all-gather" and ema["dtype"] == "bfloat16"
+    student = plan["parameters"]["student"]  # the EMA student's trunk is the student's copy
+    assert student * 2 / 2 <= ema["sent_gb"] * 1e9 <= 1.01 * student * 2 / 2
+    assert f"EMA student weights all-gather {ema['sent_gb']:.3f} GB bfloat16" in table.stdout
+    read = plan["cache_read"]  # two ranks of one node, each reading its views
+    largest = max(sum(r["images"].values()) for r in plan["ranks"])
+    assert read["gb_per_node"] == pytest.approx(2 * largest * per_view / 1e9)
+    assert read["ms"] == pytest.approx(read["gb_per_node"] / read["read_gb_per_s"] * 1e3)
+    assert f"reads {read['gb_per_node']:,.2f} GB per node and step" in table.stdout
+    assert "assumed strategy: FSDP2 (--trainer.strategy on the command line)" in table.stdout
+    assert "assumed precision: bf16-mixed (--trainer.precision on the command line)" in table.stdout

@@ -1,0 +1,100 @@
+"""The collectives a plan counts (:mod:`radio_lit.planning.communication`) against hand counts
+from the parameters: FSDP2's gathers in the gathered dtype with dim-0 padding, the EMA
+student's gather, LAMB's norm all-reduces, the latency term, and a cached step's read time."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from radio_lit.planning.communication import cache_read, collectives, communication
+from radio_lit.planning.devices import device
+from radio_lit.students.sharding import FSDP2
+
+
+def _student() -> nn.Module:
+    student = nn.Module()
+    student.blocks = nn.ModuleList([nn.Linear(4, 3), nn.Linear(3, 4)])  # [3, 4] + [3], [4, 3] + [4]
+    student.grid = nn.Parameter(torch.zeros(5, 2))  # dim 0 of 5: padded to 8 rows at 4 ranks
+    return student
+
+
+def _module(layout: str = "student") -> SimpleNamespace:
+    student, head = _student(), nn.Linear(4, 2)  # [2, 4] + [2]
+    heads = {"t": SimpleNamespace(features=head, summary=None)}
+    trainable = [*student.named_parameters(), *head.named_parameters()]
+    return SimpleNamespace(
+        student=student,
+        heads=heads,
+        fsdp2=FSDP2(layout=layout),
+        ema=SimpleNamespace(student=_student()),
+        student_step=SimpleNamespace(mesa=SimpleNamespace(weight=1.0)),
+        trainable_parameters=lambda: iter(trainable),
+    )
+
+
+#: Values of the student once padded to 4 ranks: blocks [4, 4] + [4] + [4, 3] + [4], grid [8, 2].
+STUDENT_PADDED = 16 + 4 + 12 + 4 + 16
+#: The head's [2, 4] + [2] padded: [4, 4] + [4].
+HEAD_PADDED = 16 + 4
+
+
+def _by_name(found):
+    return {c.name: c for c in found}
+
+
+def test_fsdp2_gathers_in_the_gathered_dtype_with_dim0_padding_and_the_ema_student():
+    bf16 = _by_name(collectives(_module(), "FSDP2", 4, torch.bfloat16, "Lamb"))
+    fp32 = _by_name(collectives(_module(), "FSDP2", 4, None, "radio_lit.training.Lamb"))
+    assert bf16["weights"].bytes == 2 * (STUDENT_PADDED + HEAD_PADDED)
+    assert bf16["weights"].dtype == "bfloat16" and fp32["weights"].dtype == "float32"
+    assert fp32["weights"].bytes == 4 * (STUDENT_PADDED + HEAD_PADDED)
+    assert bf16["weights"].count == 2  # the student and the head: two units
+    assert bf16["EMA student weights"].bytes == 2 * STUDENT_PADDED  # forward only: once
+    assert fp32["EMA student weights"].bytes == 4 * STUDENT_PADDED
+    assert bf16["gradients"].bytes == 4 * (STUDENT_PADDED + HEAD_PADDED)  # float32 reduce
+    tensors = 5 + 2  # the trust ratio's two norms of each trainable tensor
+    assert bf16["LAMB norms"].count == 2 * tensors and bf16["LAMB norms"].bytes == 4 * 2 * tensors
+    assert "LAMB norms" not in _by_name(collectives(_module(), "FSDP2", 4, None, "AdamW"))
+
+
+def test_blocks_resharded_gather_twice_and_ddp_all_reduces_float32_gradients():
+    blocks = _by_name(collectives(_module("blocks"), "FSDP2", 4, torch.bfloat16, "AdamW"))
+    assert blocks["weights"].count == 2 * (1 + 2 + 1)  # root, two blocks, the head; twice
+    assert blocks["weights"].bytes == 2 * 2 * (STUDENT_PADDED + HEAD_PADDED)
+    ddp = collectives(_module(), "DDP", 4, torch.bfloat16, "Lamb")
+    values = 12 + 3 + 12 + 4 + 10 + 8 + 2
+    assert [(c.op, c.bytes, c.count) for c in ddp] == [("all-reduce", 4 * values, 1)]
+    assert collectives(_module(), "FSDP2", 1, None, "Lamb") == []
+
+
+def test_time_is_bandwidth_plus_a_latency_per_collective():
+    h100 = device("h100")
+    found = collectives(_module(), "FSDP2", 8, torch.bfloat16, "AdamW")
+    within = communication(found, 8, h100)
+    gather = within["collectives"][0]
+    ring = gather["bytes"] * 7 / 8
+    latency = gather["count"] * (h100.collective_base_us + 7 * h100.node_hop_us) / 1e3
+    assert gather["sent_gb"] == pytest.approx(ring / 1e9)
+    assert gather["ms"] == pytest.approx(ring / (450 * 1e9) * 1e3 + latency)
+    across = communication(collectives(_module(), "FSDP2", 64, torch.bfloat16, "AdamW"), 64, h100)
+    assert across["link_gb_per_s"] == h100.network_gb_per_s
+    assert across["collectives"][0]["latency_ms"] > 9 * gather["latency_ms"]  # 63 ring steps
+    # LAMB's scalar norms: a tree of 2 log2(8) NVLink steps, then 2 log2(8 nodes) network ones
+    lamb = communication(collectives(_module(), "FSDP2", 64, None, "Lamb"), 64, h100)
+    norms = next(c for c in lamb["collectives"] if c["name"] == "LAMB norms")
+    tree = h100.small_base_us + 6 * h100.small_node_hop_us + 6 * h100.small_network_hop_us
+    assert norms["latency_ms"] == pytest.approx(norms["count"] * tree / 1e3)
+
+
+def test_a_cached_step_reads_its_views_at_the_nodes_bandwidth():
+    h100 = device("h100")
+    views = {"pixels": 3 * 256 * 256, "dino": 1_000_000}
+    read = cache_read(views, 16, 64, h100)
+    node = 16 * sum(views.values()) * 8  # eight ranks a node
+    assert read["gb_per_node"] == pytest.approx(node / 1e9)
+    assert read["ms"] == pytest.approx(node / (h100.cache_read_gb_per_s * 1e9) * 1e3)
+    assert cache_read(views, 16, 2, h100)["gb_per_node"] == pytest.approx(node / 4 / 1e9)
