@@ -50,8 +50,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from radio_lit.planning.counting import OTHER, StepCount
-from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
+from radio_lit.planning.counting import StepCount
+from radio_lit.planning.devices import Calibration, Device
+from radio_lit.planning.time_model import TimeModel
 
 __all__ = [
     "LoopStep",
@@ -267,27 +268,19 @@ def _communication(module: Any, strategy: str, gpus: int, device: Device) -> dic
 
 def _times(
     module: Any,
-    flops: Mapping[str, float],
+    cost: Mapping[str, float],
     strategy: str,
     gpus: int,
     device: Device,
-    fit: Calibration,
+    fit: Calibration | TimeModel,
 ) -> dict[str, float]:
-    """A rank's step time by part (ms) from its FLOPs by part (module docstring)."""
-    peak = device.bf16_tflops * 1e12
-    teachers = sum(f for p, f in flops.items() if p.startswith(("teacher ", "upsampler ")))
-    student = sum(
-        f for p, f in flops.items() if not p.startswith(("teacher ", "upsampler ", OTHER))
-    )
+    """A rank's step time by phase (ms) from its cost by part (``fit.cost``: FLOPs against a
+    per-phase calibration, milliseconds against a :class:`TimeModel`)."""
     trainable = sum(p.numel() for _, p in module.trainable_parameters())
     local = trainable / (gpus if strategy == "FSDP2" else 1)
-    moved = local * OPTIMIZER_BYTES_PER_PARAMETER
-    return {
-        "teachers": teachers / (peak * fit.teacher_efficiency) * 1e3,
-        "student": student / (peak * fit.student_efficiency) * 1e3,
-        "optimizer": moved / (device.memory_tb_per_s * 1e12 * fit.optimizer_efficiency) * 1e3,
-        "rest": fit.rest_ms,
-    }
+    if isinstance(fit, TimeModel):
+        return fit.times(cost, local)
+    return fit.times(cost, local, device)
 
 
 #: ``{rank: {(partition, resolution index): FLOPs by part}}``: each distinct rank's step
@@ -417,7 +410,7 @@ def plan_stage(
     config: str,
     gpus: int,
     device: Device,
-    fit: Calibration,
+    fit: Calibration | TimeModel,
     optimizer_class: str,
     data_batch: int,
     crop_size: int,
@@ -434,7 +427,7 @@ def plan_stage(
     partitions = module.partitions
     partitions.place(gpus, 0)
     chances = draw_chances(partitions) if draws else {}  # none counted: the largest only
-    combos = list(_draw_steps({r: c.flops for r, c in counts.items()}, draws or {}, chances))
+    combos = list(_draw_steps({r: fit.cost(c) for r, c in counts.items()}, draws or {}, chances))
 
     def time(flops: Mapping[str, float]) -> dict[str, float]:
         return _times(module, flops, strategy, gpus, device, fit)
@@ -450,7 +443,7 @@ def plan_stage(
     ranks, step = [], 0.0
     for rank, count in counts.items():
         memory = _memory(module, count, strategy, gpus, states, loop)
-        times = time(count.flops)
+        times = time(fit.cost(count))
         times["total"] = sum(times.values())
         step = max(step, times["total"])
         images = max(count.total_images, 1)
@@ -503,7 +496,7 @@ def plan_stage(
         gpu_hours=None if hours is None else hours * gpus,
         wall_hours=hours,
         cache=cache,
-        calibration=fit.source,
+        calibration=fit.basis,
     )
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
     stage.warnings += [_tight(r, device) for r in ranks if r.fits and r.tight]
