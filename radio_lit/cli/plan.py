@@ -33,7 +33,7 @@ from radio_lit.cli.app import RadioLitCLI
 from radio_lit.core.errors import CommandParser, ConfigError
 from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module, largest_draws
-from radio_lit.planning.devices import calibration, device
+from radio_lit.planning.devices import device
 from radio_lit.planning.meta_build import on_meta, planning_build
 from radio_lit.planning.plan import (
     LoopStep,
@@ -45,7 +45,7 @@ from radio_lit.planning.plan import (
     table,
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
-from radio_lit.planning.time_model import load_time_model
+from radio_lit.planning.time_model import load_calibration
 
 __all__ = ["main"]
 
@@ -95,8 +95,9 @@ def _parser() -> CommandParser:
         "--calibration",
         metavar="FILE",
         default=None,
-        help="price each operation's shapes against FILE (--calibrate's) instead of the "
-        "per-phase H100 calibration",
+        help="h100 (the default) or h200: the per-phase calibration of that GPU's measured run "
+        "(radio_lit/planning/calibration*.yaml); or FILE of --calibrate: each operation's "
+        "shapes priced on its measured curves",
     )
     parser.add_argument("--cache-images", type=int, default=IMAGENET_TRAIN)
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
@@ -113,7 +114,7 @@ def main(argv: Sequence[str]) -> None:
     if not (args.config or args.stages):
         parser.error("one of --config, --stages or --calibrate is required")
     gpu = device(args.gpu)
-    fit = load_time_model(args.calibration) if args.calibration else calibration()
+    fit = load_calibration(args.calibration)
     if args.gpus is not None and min(args.gpus) < 1:
         parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
     if args.step is not None and args.step < 0:

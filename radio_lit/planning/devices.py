@@ -122,8 +122,13 @@ class Calibration:
 OPTIMIZER_BYTES_PER_PARAMETER = 28
 
 
-def calibration() -> Calibration:
-    row = _load(CALIBRATION)
+#: The per-phase calibrations shipped beside this module, by the ``--calibration`` name.
+SHIPPED = {"h100": CALIBRATION, "h200": HERE / "calibration-h200.yaml"}
+
+
+def calibration(path: Path = CALIBRATION) -> Calibration:
+    """A per-phase calibration file (``calibration.yaml``: the H100 run; the default)."""
+    row = _load(path)
     base = device(row["device"])
     peak = base.bf16_tflops * 1e12
 
@@ -137,6 +142,6 @@ def calibration() -> Calibration:
         student_efficiency=efficiency(row["student"]),
         optimizer_efficiency=optimizer,
         rest_ms=float(row["rest"]["ms"]),
-        source=str(row["source"]),
+        source=f"{row['source']}, {row.get('date', '?')}, commit {row.get('commit', '?')}",
         device=str(row["device"]),
     )

@@ -33,9 +33,14 @@ import yaml
 
 from radio_lit.core.errors import ConfigError
 from radio_lit.planning.counting import OTHER, OpRecord, StepCount
-from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER
+from radio_lit.planning.devices import (
+    OPTIMIZER_BYTES_PER_PARAMETER,
+    SHIPPED,
+    Calibration,
+    calibration,
+)
 
-__all__ = ["TimeModel", "load_time_model", "nearest"]
+__all__ = ["TimeModel", "load_calibration", "load_time_model", "nearest"]
 
 #: Other dtypes to price an unmeasured one at, in order.
 _FALLBACK = {"bfloat16": ["float16", "float32"], "float16": ["bfloat16", "float32"]}
@@ -148,3 +153,15 @@ def load_time_model(path: str | Path) -> TimeModel:
         op_us=float(row["op_us"]),
         source=source,
     )
+
+
+def load_calibration(given: str | None) -> Calibration | TimeModel:
+    """``--calibration``'s: a shipped per-phase calibration by name (``h100``, the default;
+    ``h200``), a per-phase file (``teachers:``, ``student:``... as ``calibration.yaml``), or a
+    file of ``--calibrate`` (:func:`load_time_model`)."""
+    if given is None or given.lower() in SHIPPED:
+        return calibration(SHIPPED[(given or "h100").lower()])
+    where = Path(given)
+    if where.is_file() and "teachers" in (yaml.safe_load(where.read_text(encoding="utf-8")) or {}):
+        return calibration(where)
+    return load_time_model(where)

@@ -121,3 +121,31 @@ def test_a_calibration_file_that_is_not_one_is_a_one_line_error(tmp_path):
     bad.write_text("device: x\n")
     with pytest.raises(ConfigError, match="missing gemm, attention, memory_gb_per_s, op_us"):
         load_time_model(bad)
+
+
+def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_path):
+    from radio_lit.planning.devices import Calibration
+    from radio_lit.planning.time_model import load_calibration
+
+    h100, h200 = load_calibration("h100"), load_calibration("h200")
+    assert load_calibration(None) == h100  # the default: the H100 run
+    assert isinstance(h200, Calibration) and h200.device == "h200"
+    # benchmarks/README.md's H200 phases: teachers 63.4 ms for 32 x 670.07 GFLOP at 989 TFLOP/s
+    assert h200.teacher_efficiency == pytest.approx(32 * 670.07e9 / 63.4e-3 / 989e12, rel=1e-3)
+    assert "calibrated on h200" in h200.basis and "2026-11-28" in h200.basis
+    assert "extrapolated" in h100.basis
+    curves = tmp_path / "cpu.yaml"
+    curves.write_text(
+        yaml.safe_dump(
+            {
+                "device": "a CPU",
+                "measured": {"date": "today", "commit": "abc"},
+                "gemm": {"float32": [[8, 8, 8, 0.1]]},
+                "attention": {"float32": [[64, 64, 0, 0.1], [64, 64, 1, 0.1]]},
+                "memory_gb_per_s": 5.0,
+                "op_us": 2.0,
+            }
+        )
+    )
+    model = load_calibration(str(curves))
+    assert isinstance(model, TimeModel) and model.basis.startswith("measured on a CPU")
