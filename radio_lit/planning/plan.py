@@ -20,11 +20,14 @@ and ``backward``, then this step's as the backward produces them; counted there,
 the weights).
 
 **Step time** (one rank; the step is the slowest rank's, since ranks meet at the gradients'
-collective): teachers' FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the
-student's forward, heads, EMA student and backward at the student efficiency, the optimizer's
-28 bytes per local parameter at the calibrated fraction of the memory bandwidth, a fixed rest
-per step (:mod:`radio_lit.planning.devices`, ``calibration.yaml``), and the collectives not
-overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
+collective): against a per-phase calibration (``calibration.yaml``, the H100 run, the default;
+``calibration-h200.yaml``: :meth:`~radio_lit.planning.devices.Calibration.times`), teachers'
+FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the student's forward,
+heads, EMA student and backward at the student efficiency, the optimizer's 28 bytes per local
+parameter at the calibrated fraction of the memory bandwidth, a fixed rest per step; against
+a device's measured curves (``--calibration FILE`` of ``radio-lit plan --calibrate``), each
+operation priced by its own shapes (:mod:`radio_lit.planning.time_model`); then the
+collectives not overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
 Images/s, GPU-hours and wall time take the step **averaged over the resolution draws**
 (each partition's ``probabilities``, uniform by default): the expected slowest rank over
 every combination of the partitions' draws [choice: partitions draw independently; ranks of
