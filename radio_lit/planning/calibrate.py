@@ -157,6 +157,7 @@ def _reference_steps(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
+        step()  # AdamW's state made: every counted step dispatches the same operations
         counter = StepCounter()
         with counter:
             step()
