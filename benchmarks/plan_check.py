@@ -54,9 +54,7 @@ def measured_rows(text: str) -> dict[str, tuple[float, float]]:
 MEASURED_STEP = 1
 
 
-def plan_arguments(
-    config: Path, depth: int, gpu: str, calibration: str | None = None
-) -> list[str]:
+def plan_arguments(config: Path, depth: int, gpu: str, calibration: str | None = None) -> list[str]:
     """``radio-lit plan``'s command line for ``config`` as ``gpu_check.py`` stepped it (with
     ``calibration``: ``--calibration`` of that file, e.g. ``radio-lit plan --calibrate``'s)."""
     raw = merged([config])
@@ -167,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="gpu_check.py's steps (1 + 2)")
     parser.add_argument("--measured-gib", type=float, default=None)
     parser.add_argument(
-        "--calibration", default=None, help="plan with this calibration (radio-lit plan --calibrate)"
+        "--calibration",
+        default=None,
+        help="plan with this calibration (radio-lit plan --calibrate)",
     )
     args = parser.parse_args(argv)
     if args.draws:
@@ -183,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<36}  - (radio-lit plan plans distillation runs)")
             continue
         try:
-            stage = planned(
-                plan_arguments(config, args.teacher_depth, args.gpu, args.calibration)
-            )
+            stage = planned(plan_arguments(config, args.teacher_depth, args.gpu, args.calibration))
         except (Exception, SystemExit) as error:  # noqa: BLE001 (one row's failure)
             print(f"{name:<36}  - plan failed: {str(error).splitlines()[0][:80]}")
             continue

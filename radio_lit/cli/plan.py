@@ -147,7 +147,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _calibrate(path: str, quick: bool) -> None:
-    """``--calibrate FILE``: measure this device and write FILE (:mod:`radio_lit.planning.calibrate`)."""
+    """``--calibrate FILE``: measure this device into FILE (:mod:`radio_lit.planning.calibrate`)."""
     from radio_lit.planning.calibrate import write_calibration
 
     content = write_calibration(path, quick=quick)

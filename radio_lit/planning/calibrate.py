@@ -104,10 +104,12 @@ def _attention(
             forward = 4 * heads * length * length * dim  # torch.utils.flop_counter's sdpa
             backward = 10 * heads * length * length * dim  # its sdpa_backward_flop_count
             budget = 0.01 if quick else 0.05
-            fwd = _seconds(lambda: F.scaled_dot_product_attention(q, k, v), now, budget)
-            both = _seconds(
-                lambda: F.scaled_dot_product_attention(q, k, v).backward(grad), now, budget
-            )
+
+            def forward_pass(q=q, k=k, v=v) -> torch.Tensor:  # noqa: ANN001
+                return F.scaled_dot_product_attention(q, k, v)
+
+            fwd = _seconds(forward_pass, now, budget)
+            both = _seconds(lambda grad=grad: forward_pass().backward(grad), now, budget)
             back = max(both - fwd, 1e-9)
             rows.append([length, dim, 0, round(forward / fwd / 1e12, 6)])
             rows.append([length, dim, 1, round(backward / back / 1e12, 6)])
@@ -165,7 +167,9 @@ def _reference_steps(
         moved, calls = sum(counter.ops.moved.values()), sum(counter.ops.calls.values())
         bare = TimeModel(curves.device, curves.gemm, curves.attention, math.inf, 0.0, "fitting")
         left = measured - sum(bare.price(counter.ops).values()) / 1e3
-        rows.append({"batch": batch, "ms": measured * 1e3, "bytes": moved, "ops": calls, "left": left})
+        rows.append(
+            {"batch": batch, "ms": measured * 1e3, "bytes": moved, "ops": calls, "left": left}
+        )
     (small, large) = rows
     per_byte = max((large["left"] - small["left"]) / max(large["bytes"] - small["bytes"], 1), 0.0)
     per_op = max((small["left"] - small["bytes"] * per_byte) / small["ops"], 0.0)

@@ -27,7 +27,8 @@ heads, EMA student and backward at the student efficiency, the optimizer's 28 by
 parameter at the calibrated fraction of the memory bandwidth, a fixed rest per step; against
 a device's measured curves (``--calibration FILE`` of ``radio-lit plan --calibrate``), each
 operation priced by its own shapes (:mod:`radio_lit.planning.time_model`); then the
-collectives not overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
+collectives not overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide
+part of them].
 Images/s, GPU-hours and wall time take the step **averaged over the resolution draws**
 (each partition's ``probabilities``, uniform by default): the expected slowest rank over
 every combination of the partitions' draws [choice: partitions draw independently; ranks of

@@ -134,7 +134,9 @@ def load_time_model(path: str | Path) -> TimeModel:
     is a :class:`ConfigError` naming it and the fix."""
     where = Path(path)
     if not where.is_file():
-        raise ConfigError(f"--calibration {path}: no such file (write one: radio-lit plan --calibrate)")
+        raise ConfigError(
+            f"--calibration {path}: no such file (write one: radio-lit plan --calibrate)"
+        )
     row: Any = yaml.safe_load(where.read_text(encoding="utf-8")) or {}
     needed = ["device", "gemm", "attention", "memory_gb_per_s", "op_us"]
     missing = [k for k in needed if k not in row]

@@ -107,10 +107,14 @@ def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(tmp_path, capsys):
     with counter:
         F.linear(a, b)
     rate = next(r[3] for r in written["gemm"]["float32"] if r[:3] == [256, 256, 256])
-    gemm = model.price(counter.ops)["other"] - (
-        counter.ops.moved["other"] / (model.memory_gb_per_s * 1e9)
-        + counter.ops.calls["other"] * model.op_us * 1e-6
-    ) * 1e3
+    gemm = (
+        model.price(counter.ops)["other"]
+        - (
+            counter.ops.moved["other"] / (model.memory_gb_per_s * 1e9)
+            + counter.ops.calls["other"] * model.op_us * 1e-6
+        )
+        * 1e3
+    )
     assert gemm == pytest.approx(2 * 256**3 / (rate * 1e12) * 1e3, rel=1e-6)
 
 
