@@ -2,7 +2,8 @@
 # Every GPU check of radio-lit in one call, in order of importance, each step's output kept in
 # OUTDIR (default: gpu-session/): benchmarks/gpu_check.py (every shipped config built and
 # stepped: gpu_check.txt), `radio-lit plan` of every config it stepped beside what it measured
-# (plan_check.txt, on the host's CPUs), the `gpu` tests (gpu_tests.txt), radio-lit's
+# (plan_check.txt, on the host's CPUs), this GPU's calibration (calibration.yaml: `radio-lit plan
+# --calibrate`) and the plan priced on it (plan_check_calibrated.txt), the `gpu` tests (gpu_tests.txt), radio-lit's
 # stage-1 step against a plain PyTorch loop (train_step.txt), then what CUDA holds at AM-RADIO
 # stage 2's memory peak (memory_at_peak.txt, the plan's open question). Each step has its own
 # time limit, so that one that hangs leaves the others their time; about 14 minutes in all on
@@ -44,6 +45,11 @@ case "$(head -n 1 "$out/machine.txt")" in  # the plan's device for gpu_check's c
   *H200*) gpu=h200 ;; *H100*) gpu=h100 ;; *A100*) gpu=a100 ;; *B200*) gpu=b200 ;; *) gpu=h200 ;;
 esac
 step plan_check 300 "$py" benchmarks/plan_check.py "$out/gpu_check.txt" --gpu "$gpu"
+# this GPU's curves (radio-lit plan --calibrate: GEMMs, attention, bandwidth, reference steps),
+# then the same plan against gpu_check.py's measurements priced on them
+step calibrate 240 "$py" -m radio_lit plan --calibrate "$out/calibration.yaml"
+step plan_check_calibrated 300 "$py" benchmarks/plan_check.py "$out/gpu_check.txt" --gpu "$gpu" \
+  --calibration "$out/calibration.yaml"
 step gpu_tests 120 "$py" -m pytest -m gpu -q -rA -p no:cacheprovider $(grep -rl "mark.gpu" tests)
 step train_step 150 "$py" benchmarks/train_step.py --config configs/stage1.yaml --device cuda --teacher-depth 8
 # what CUDA holds at AM-RADIO stage 2's peak, by allocation site: the plan is 13 % under there

@@ -54,10 +54,13 @@ def measured_rows(text: str) -> dict[str, tuple[float, float]]:
 MEASURED_STEP = 1
 
 
-def plan_arguments(config: Path, depth: int, gpu: str) -> list[str]:
-    """``radio-lit plan``'s command line for ``config`` as ``gpu_check.py`` stepped it."""
+def plan_arguments(config: Path, depth: int, gpu: str, calibration: str | None = None) -> list[str]:
+    """``radio-lit plan``'s command line for ``config`` as ``gpu_check.py`` stepped it (with
+    ``calibration``: ``--calibration`` of that file, e.g. ``radio-lit plan --calibrate``'s)."""
     raw = merged([config])
     args = ["--config", str(config), "--gpus", "1", "--gpu", gpu, "--json"]
+    if calibration is not None:
+        args += ["--calibration", calibration]
     args += ["--teacher-depth", str(depth), "--step", str(MEASURED_STEP)]
     partitions = one_rank_partitions(raw, cpu=False)
     if partitions is not None:
@@ -161,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", help="a config under configs/: its peak at every draw")
     parser.add_argument("--steps", type=int, default=3, help="gpu_check.py's steps (1 + 2)")
     parser.add_argument("--measured-gib", type=float, default=None)
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        help="plan with this calibration (radio-lit plan --calibrate)",
+    )
     args = parser.parse_args(argv)
     if args.draws:
         return _draws_report(args)
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<36}  - (radio-lit plan plans distillation runs)")
             continue
         try:
-            stage = planned(plan_arguments(config, args.teacher_depth, args.gpu))
+            stage = planned(plan_arguments(config, args.teacher_depth, args.gpu, args.calibration))
         except (Exception, SystemExit) as error:  # noqa: BLE001 (one row's failure)
             print(f"{name:<36}  - plan failed: {str(error).splitlines()[0][:80]}")
             continue

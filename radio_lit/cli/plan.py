@@ -4,6 +4,8 @@ GPU-hours, cache disk), counted on fake tensors.
     radio-lit plan --config configs/recipes/c-radio/stage1.yaml --gpus 64 --gpu h100
     radio-lit plan --config configs/stage1.yaml --gpus 1 --gpu h200 --json
     radio-lit plan --stages configs/recipes/c-radio/stage1.yaml configs/recipes/c-radio/stage2.yaml
+    radio-lit plan --calibrate my-gpu.calibration.yaml      # measure this device (minutes)
+    radio-lit plan --config configs/stage1.yaml --calibration my-gpu.calibration.yaml
 
 The run is built as ``radio-lit fit`` builds it (radio-lit's CLI, every configured class), its
 teachers and student on the meta device with random weights (nothing is loaded or downloaded:
@@ -31,7 +33,7 @@ from radio_lit.cli.app import RadioLitCLI
 from radio_lit.core.errors import CommandParser, ConfigError
 from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module, largest_draws
-from radio_lit.planning.devices import calibration, device
+from radio_lit.planning.devices import device
 from radio_lit.planning.meta_build import on_meta, planning_build
 from radio_lit.planning.plan import (
     LoopStep,
@@ -43,6 +45,7 @@ from radio_lit.planning.plan import (
     table,
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
+from radio_lit.planning.time_model import load_calibration
 from radio_lit.planning.verdict import assumptions
 
 __all__ = ["main"]
@@ -58,7 +61,7 @@ def _parser() -> CommandParser:
         "time, images/s and GPU-hours at --gpus GPUs of --gpu, the teacher cache's disk. Any "
         "other --section.key value option is applied to the config, as for radio-lit fit.",
     )
-    given = parser.add_mutually_exclusive_group(required=True)
+    given = parser.add_mutually_exclusive_group()
     given.add_argument("--config", action="append", help="the run's config(s), as for fit")
     given.add_argument("--stages", nargs="+", help="a recipe's stage configs, in order")
     parser.add_argument(
@@ -87,6 +90,22 @@ def _parser() -> CommandParser:
         default=None,
         help=f"images in the teacher cache (default: ImageNet-1k's {IMAGENET_TRAIN:,})",
     )
+    parser.add_argument(
+        "--calibrate",
+        metavar="FILE",
+        default=None,
+        help="measure this device (matrix products, attention, bandwidth, the host's cost per "
+        "operation: radio_lit/planning/calibrate.py) and write FILE, then stop",
+    )
+    parser.add_argument("--quick", action="store_true", help="--calibrate on fewer, smaller shapes")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        default=None,
+        help="h100 (the default) or h200: the per-phase calibration of that GPU's measured run "
+        "(radio_lit/planning/calibration*.yaml); or FILE of --calibrate: each operation's "
+        "shapes priced on its measured curves",
+    )
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
     return parser
 
@@ -95,7 +114,13 @@ def main(argv: Sequence[str]) -> None:
     """Entry point of ``radio-lit plan``."""
     parser = _parser()
     args, overrides = parser.parse_with_overrides(argv)
-    gpu, fit = device(args.gpu), calibration()
+    if args.calibrate is not None:
+        _calibrate(args.calibrate, args.quick)
+        return
+    if not (args.config or args.stages):
+        parser.error("one of --config, --stages or --calibrate is required")
+    gpu = device(args.gpu)
+    fit = load_calibration(args.calibration)
     if args.gpus is not None and min(args.gpus) < 1:
         parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
     if args.step is not None and args.step < 0:
@@ -125,6 +150,19 @@ def main(argv: Sequence[str]) -> None:
                 f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
             )
     print("\n\n".join(texts))
+
+
+def _calibrate(path: str, quick: bool) -> None:
+    """``--calibrate FILE``: measure this device into FILE (:mod:`radio_lit.planning.calibrate`)."""
+    from radio_lit.planning.calibrate import write_calibration
+
+    content = write_calibration(path, quick=quick)
+    measured = content["measured"]
+    print(
+        f"calibration of {content['device']} written to {path} in {measured['seconds']} s "
+        f"({measured['timer']}, {measured['threads']} threads); use it: radio-lit plan "
+        f"--config ... --calibration {path}"
+    )
 
 
 class _PlanCLI(RadioLitCLI):
@@ -270,7 +308,7 @@ def _plan(
             counts[rank] = count()
             largest = largest_draws(module.partitions)
             draws[rank] = {  # the step time over the draws: each other resolution once
-                (name, index): count(draws={name: index}).flops
+                (name, index): fit.cost(count(draws={name: index}))
                 for name in counts[rank].images
                 for index in range(len(module.partitions.resolutions[name]))
                 if index != largest[name] and not args.largest_draws

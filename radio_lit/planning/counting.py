@@ -34,6 +34,7 @@ the same products.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -49,6 +50,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 __all__ = [
+    "OpRecord",
     "StepCount",
     "StepCounter",
     "count_step",
@@ -90,13 +92,73 @@ _METADATA = frozenset(
 )
 
 
+#: Matrix products priced by their ``(M, N, K)`` (:class:`OpRecord`).
+_GEMMS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm})
+#: Attention kernels priced by their ``(sequence, head dim)``; the value: is it a backward.
+_ATTENTION = {
+    _aten._scaled_dot_product_flash_attention: False,
+    _aten._scaled_dot_product_efficient_attention: False,
+    _aten._scaled_dot_product_cudnn_attention: False,
+    _aten._scaled_dot_product_flash_attention_for_cpu: False,
+    _aten._scaled_dot_product_flash_attention_backward: True,
+    _aten._scaled_dot_product_efficient_attention_backward: True,
+    _aten._scaled_dot_product_cudnn_attention_backward: True,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: True,
+}
+
+
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.") if isinstance(tensor, Tensor) else "float32"
+
+
+@dataclass
+class OpRecord:
+    """Each part's operations by shape, for the time model (:mod:`radio_lit.planning.time_model`).
+
+    Attributes:
+        gemms: ``{(part, M, N, K, dtype): FLOPs}``: matrix products (a batched one's batch
+            folded into ``M``); a convolution or another FLOP-counted operation as the cube
+            ``M = N = K`` of its FLOPs [choice: patch embeddings are a small share].
+        attention: ``{(part, batch x heads, query length, key length, head dim, dtype,
+            backward): FLOPs}``.
+        moved: ``{part: bytes}`` the other operations read and write (inputs and outputs).
+        calls: ``{part: operations}``, every one dispatched (the host's cost per operation).
+    """
+
+    gemms: Counter[tuple] = field(default_factory=Counter)
+    attention: Counter[tuple] = field(default_factory=Counter)
+    moved: Counter[str] = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Counter)
+
+    def record(self, part: str, func: Any, args: Any, kwargs: Any, out: Any, flops: int) -> None:
+        packet = func._overloadpacket
+        if packet in _GEMMS:
+            a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else args[:2]
+            m = math.prod(a.shape[:-1])
+            self.gemms[(part, m, b.shape[-1], a.shape[-1], _dtype(a))] += flops
+        elif packet in _ATTENTION:
+            query, key = (args[1], args[2]) if _ATTENTION[packet] else args[:2]
+            heads = math.prod(query.shape[:-2])
+            shape = (heads, query.shape[-2], key.shape[-2], query.shape[-1])
+            self.attention[(part, *shape, _dtype(query), _ATTENTION[packet])] += flops
+        elif flops:
+            side = max(round((flops / 2) ** (1 / 3)), 1)
+            first = next((t for t in tree_leaves(args) if isinstance(t, Tensor)), None)
+            self.gemms[(part, side, side, side, _dtype(first))] += flops
+        else:
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, Tensor)]
+            self.moved[part] += sum(t.numel() * t.element_size() for t in tensors)
+
+
 class StepCounter(TorchDispatchMode):
     """FLOPs by part and live bytes (current, peak) of what runs while active (module
-    docstring). Parts are entered with :meth:`part` (nested: the innermost counts)."""
+    docstring), and each operation's shapes (:class:`OpRecord`). Parts are entered with
+    :meth:`part` (nested: the innermost counts)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flops: Counter[str] = Counter()
+        self.ops = OpRecord()
         self.current = 0
         self.peak = 0
         self._parts = [OTHER]
@@ -130,11 +192,15 @@ class StepCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.ops.calls[self._parts[-1]] += 1
         if func in _METADATA:  # half of a step's calls: no FLOPs, no new storage
             return out
         formula = flop_registry.get(func._overloadpacket)
+        flops = 0
         if formula is not None:
-            self.flops[self._parts[-1]] += int(formula(*args, **kwargs, out_val=out))
+            flops = int(formula(*args, **kwargs, out_val=out))
+            self.flops[self._parts[-1]] += flops
+        self.ops.record(self._parts[-1], func, args, kwargs, out, flops)
         inputs = {
             id(t.untyped_storage())
             for t in tree_leaves((args, kwargs))
@@ -283,6 +349,7 @@ class StepCount:
             ``student forward``, ``head <name>``, ``EMA student``, ``backward``, ``other``).
         peak_bytes: the step's largest live bytes beyond the weights (module docstring).
         outputs: ``{teacher: [B, H, W, C]}`` each teacher's feature map as it returned it.
+        ops: each part's operations by shape (:class:`OpRecord`).
     """
 
     images: dict[str, int]
@@ -290,6 +357,7 @@ class StepCount:
     flops: dict[str, int]
     peak_bytes: int
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    ops: OpRecord = field(default_factory=OpRecord)
 
     @property
     def total_flops(self) -> int:
@@ -467,4 +535,5 @@ def count_step(
         flops=dict(counter.flops),
         peak_bytes=peak,
         outputs=outputs,
+        ops=counter.ops,
     )

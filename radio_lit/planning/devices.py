@@ -100,7 +100,38 @@ class Calibration:
     optimizer_efficiency: float
     rest_ms: float
     source: str
-    device: str = ""  # the devices.yaml name of the GPU it was measured on
+    device: str = "h100"
+
+    def cost(self, count: Any) -> dict[str, float]:
+        """What the plan adds over the draws: a step count's FLOPs by part."""
+        return dict(count.flops)
+
+    def times(self, flops: dict[str, float], parameters: float, gpu: Device) -> dict[str, float]:
+        """A rank's step by phase (ms): teachers' FLOPs at the teacher efficiency of ``gpu``'s
+        bf16 peak, the student's forward, heads, EMA student and backward at the student
+        efficiency, ``parameters`` local float32 parameters' optimizer bytes at the optimizer
+        share of its bandwidth, the fixed rest."""
+        peak = gpu.bf16_tflops * 1e12
+        teachers = sum(f for p, f in flops.items() if p.startswith(("teacher ", "upsampler ")))
+        student = sum(
+            f for p, f in flops.items() if not p.startswith(("teacher ", "upsampler ", "other"))
+        )
+        moved = parameters * OPTIMIZER_BYTES_PER_PARAMETER
+        bandwidth = gpu.memory_tb_per_s * 1e12 * self.optimizer_efficiency
+        return {
+            "teachers": teachers / (peak * self.teacher_efficiency) * 1e3,
+            "student": student / (peak * self.student_efficiency) * 1e3,
+            "optimizer": moved / bandwidth * 1e3,
+            "rest": self.rest_ms,
+        }
+
+    @property
+    def basis(self) -> str:
+        """Where the step time comes from (the plan prints it)."""
+        return (
+            f"calibrated on {self.device} per phase ({self.source}); other GPUs, models and "
+            "shapes extrapolated at those efficiencies"
+        )
 
 
 #: Bytes a LAMB / AdamW step reads and writes per float32 parameter: the parameter and its two
@@ -108,8 +139,13 @@ class Calibration:
 OPTIMIZER_BYTES_PER_PARAMETER = 28
 
 
-def calibration() -> Calibration:
-    row = _load(CALIBRATION)
+#: The per-phase calibrations shipped beside this module, by the ``--calibration`` name.
+SHIPPED = {"h100": CALIBRATION, "h200": HERE / "calibration-h200.yaml"}
+
+
+def calibration(path: Path = CALIBRATION) -> Calibration:
+    """A per-phase calibration file (``calibration.yaml``: the H100 run; the default)."""
+    row = _load(path)
     base = device(row["device"])
     peak = base.bf16_tflops * 1e12
 
@@ -123,6 +159,6 @@ def calibration() -> Calibration:
         student_efficiency=efficiency(row["student"]),
         optimizer_efficiency=optimizer,
         rest_ms=float(row["rest"]["ms"]),
-        source=str(row["source"]),
+        source=f"{row['source']}, {row.get('date', '?')}, commit {row.get('commit', '?')}",
         device=str(row["device"]),
     )

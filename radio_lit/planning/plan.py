@@ -20,11 +20,15 @@ and ``backward``, then this step's as the backward produces them; counted there,
 the weights).
 
 **Step time** (one rank; the step is the slowest rank's, since ranks meet at the gradients'
-collective): teachers' FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the
-student's forward, heads, EMA student and backward at the student efficiency, the optimizer's
-28 bytes per local parameter at the calibrated fraction of the memory bandwidth, a fixed rest
-per step (:mod:`radio_lit.planning.devices`, ``calibration.yaml``), and the collectives not
-overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide part of them].
+collective): against a per-phase calibration (``calibration.yaml``, the H100 run, the default;
+``calibration-h200.yaml``: :meth:`~radio_lit.planning.devices.Calibration.times`), teachers'
+FLOPs at the calibrated teacher efficiency of the GPU's bf16 peak, the student's forward,
+heads, EMA student and backward at the student efficiency, the optimizer's 28 bytes per local
+parameter at the calibrated fraction of the memory bandwidth, a fixed rest per step; against
+a device's measured curves (``--calibration FILE`` of ``radio-lit plan --calibrate``), each
+operation priced by its own shapes (:mod:`radio_lit.planning.time_model`); then the
+collectives not overlapped [choice: an upper bound; FSDP2's prefetch and DDP's buckets hide
+part of them].
 Images/s, GPU-hours and wall time take the step **averaged over the resolution draws**
 (each partition's ``probabilities``, uniform by default): the expected slowest rank over
 every combination of the partitions' draws [choice: partitions draw independently; ranks of
@@ -49,8 +53,9 @@ import torch
 from torch import nn
 
 from radio_lit.planning.communication import cache_read, collectives, communication
-from radio_lit.planning.counting import OTHER, StepCount
-from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
+from radio_lit.planning.counting import StepCount
+from radio_lit.planning.devices import Calibration, Device
+from radio_lit.planning.time_model import TimeModel
 from radio_lit.planning.verdict import UNEXPLAINED_PEAK_SHARE, basis, memory_verdict, time_range
 
 __all__ = [
@@ -248,27 +253,19 @@ def _memory(
 
 def _times(
     module: Any,
-    flops: Mapping[str, float],
+    cost: Mapping[str, float],
     strategy: str,
     gpus: int,
     device: Device,
-    fit: Calibration,
+    fit: Calibration | TimeModel,
 ) -> dict[str, float]:
-    """A rank's step time by part (ms) from its FLOPs by part (module docstring)."""
-    peak = device.bf16_tflops * 1e12
-    teachers = sum(f for p, f in flops.items() if p.startswith(("teacher ", "upsampler ")))
-    student = sum(
-        f for p, f in flops.items() if not p.startswith(("teacher ", "upsampler ", OTHER))
-    )
+    """A rank's step time by phase (ms) from its cost by part (``fit.cost``: FLOPs against a
+    per-phase calibration, milliseconds against a :class:`TimeModel`)."""
     trainable = sum(p.numel() for _, p in module.trainable_parameters())
     local = trainable / (gpus if strategy == "FSDP2" else 1)
-    moved = local * OPTIMIZER_BYTES_PER_PARAMETER
-    return {
-        "teachers": teachers / (peak * fit.teacher_efficiency) * 1e3,
-        "student": student / (peak * fit.student_efficiency) * 1e3,
-        "optimizer": moved / (device.memory_tb_per_s * 1e12 * fit.optimizer_efficiency) * 1e3,
-        "rest": fit.rest_ms,
-    }
+    if isinstance(fit, TimeModel):
+        return fit.times(cost, local)
+    return fit.times(cost, local, device)
 
 
 #: ``{rank: {(partition, resolution index): FLOPs by part}}``: each distinct rank's step
@@ -401,7 +398,7 @@ def plan_stage(
     config: str,
     gpus: int,
     device: Device,
-    fit: Calibration,
+    fit: Calibration | TimeModel,
     optimizer_class: str,
     data_batch: int,
     crop_size: int,
@@ -420,7 +417,7 @@ def plan_stage(
     partitions = module.partitions
     partitions.place(gpus, 0)
     chances = draw_chances(partitions) if draws else {}  # none counted: the largest only
-    combos = list(_draw_steps({r: c.flops for r, c in counts.items()}, draws or {}, chances))
+    combos = list(_draw_steps({r: fit.cost(c) for r, c in counts.items()}, draws or {}, chances))
 
     def time(flops: Mapping[str, float]) -> dict[str, float]:
         return _times(module, flops, strategy, gpus, device, fit)
@@ -437,7 +434,7 @@ def plan_stage(
     for rank, count in counts.items():
         memory = _memory(module, count, strategy, gpus, states, loop)
         verdict, memory_range = memory_verdict(memory, device.memory_gib)
-        times = time(count.flops)
+        times = time(fit.cost(count))
         times["total"] = sum(times.values())
         step = max(step, times["total"])
         images = max(count.total_images, 1)
@@ -498,7 +495,7 @@ def plan_stage(
         gpu_hours=None if hours is None else hours * gpus,
         wall_hours=hours,
         cache=cache,
-        calibration=fit.source,
+        calibration=fit.basis,
         step_ms_range=time_range(step),
         gpu_hours_range=None
         if hours is None

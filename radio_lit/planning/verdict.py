@@ -135,11 +135,7 @@ def assumptions(
     device = getattr(calibration, "device", "") or "?"
     on = "the planned GPU" if device == gpu_key.lower() else f"extrapolated to {gpu_key}"
     out.append(
-        assumption(
-            "calibration",
-            f"{calibration.source}, {device}",
-            f"radio_lit/planning/calibration.yaml, shipped; measured on {device}, {on}",
-        )
+        assumption("calibration", f"{calibration.source}, {device}", f"{calibration.basis}; {on}")
     )
     return out
 
@@ -147,10 +143,8 @@ def assumptions(
 def basis(device_name: str, calibration: Any, gpu_key: str) -> dict[str, str]:
     """Each figure of a plan and what it rests on."""
     device = getattr(calibration, "device", "") or "?"
-    where = (
-        f"calibrated on {device}"
-        if device == gpu_key.lower()
-        else f"calibrated on {device}, extrapolated to {device_name} by its datasheet peaks"
+    where = calibration.basis + (
+        "" if device == gpu_key.lower() else f"; extrapolated to {device_name} by its peaks"
     )
     checks = ", ".join(f"{r:.2f}x" for r in TIME_CHECKS.values())
     low, high = UNEXPLAINED_PEAK_SHARE

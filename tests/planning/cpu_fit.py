@@ -1,13 +1,16 @@
 """One real Lightning fit of ``test_cpu_fit.py`` (``RUNS``), measured in a process of its
 own (a fit's process group and allocator state would change the next one's):
 
-    python -m tests.planning.cpu_fit ddp     # prints the peak bytes
+    python -m tests.planning.cpu_fit ddp          # prints the peak bytes
+    python -m tests.planning.cpu_fit ddp --time   # one thread: a step's CPU seconds (median)
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
+import time
 
 import torch
 from lightning.pytorch import Callback, Trainer
@@ -80,7 +83,38 @@ def _measured(config: gpu_check.ShippedConfig, extra: list[str]) -> int:
     return kept.kept + _profiled_peak(prof)
 
 
+class _StepTime(Callback):
+    """Each training step's CPU time of this process (forward, backward, optimizer step; the
+    data loading outside), the steps after the first two (warm-up: lazy state, allocator)."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, *_: object) -> None:
+        self._start = time.process_time()
+
+    def on_train_batch_end(self, trainer: Trainer, *_: object) -> None:
+        if trainer.global_step > 2:
+            self.steps.append(time.process_time() - self._start)
+
+
+def _timed(config: gpu_check.ShippedConfig, extra: list[str], steps: int = 8) -> float:
+    """The median CPU seconds of a step of ``steps`` on one thread."""
+    torch.set_num_threads(1)
+    cli = gpu_check.build(
+        config, device="cpu", size="cpu", extra=[f"--trainer.max_steps={steps}", *extra]
+    )
+    timer = _StepTime()
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return statistics.median(timer.steps)
+
+
 if __name__ == "__main__":
     name, _, overrides = RUNS[sys.argv[1]]
     torch.manual_seed(0)
-    print(_measured(_config(name), overrides))
+    if "--time" in sys.argv:
+        print(_timed(_config(name), overrides))
+    else:
+        print(_measured(_config(name), overrides))

@@ -108,7 +108,8 @@ def test_a_rank_within_the_unexplained_share_of_its_step_peak_may_not_fit(plans,
         "assumed precision: 32-true (Lightning's default: the config names no trainer.precision)",
         "assumed images in the cache: 1,281,167 (ImageNet-1k's training images",
         "assumed calibration: benchmarks/results/h100-2026-11-26.md",
-        "basis of step time: calibrated on h100, extrapolated to a small GPU",
+        "basis of step time: calibrated on h100 per phase",
+        "extrapolated to a small GPU by its peaks; range from the plan/measured steps",
         "basis of memory: counted on fake tensors",
     ):
         assert line in table, line

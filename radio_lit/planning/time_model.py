@@ -1,0 +1,169 @@
+"""A step's time from each operation's own shapes against a device's measured curves
+(``radio-lit plan --calibration FILE``, written by ``radio-lit plan --calibrate``:
+:mod:`radio_lit.planning.calibrate`).
+
+A roofline with measured efficiencies, per operation the step counted
+(:class:`~radio_lit.planning.counting.OpRecord`):
+
+- a matrix product ``(M, N, K, dtype)``: its FLOPs at the FLOP/s measured at the nearest
+  measured shapes of its dtype, interpolated in ``(log M, log N, log K)`` (inverse distance
+  over the three nearest) [choice];
+- an attention kernel ``(sequence, head dim, forward or backward)``: its FLOPs at the FLOP/s
+  interpolated likewise in ``(log sequence, log head dim)``;
+- every other operation: the bytes it reads and writes at the measured memory bandwidth;
+- every operation dispatched: the host's measured cost of one (Python, dispatch, a kernel
+  launch), fitted on a real training step (``op_us``);
+- the optimizer: 28 bytes per local float32 parameter at the measured bandwidth
+  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`).
+
+A dtype the file did not measure is priced at the closest one it did (float16 for bfloat16
+and back, else float32), and said so (``extrapolated``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from radio_lit.core.errors import ConfigError
+from radio_lit.planning.counting import OTHER, OpRecord, StepCount
+from radio_lit.planning.devices import (
+    OPTIMIZER_BYTES_PER_PARAMETER,
+    SHIPPED,
+    Calibration,
+    calibration,
+)
+
+__all__ = ["TimeModel", "load_calibration", "load_time_model", "nearest"]
+
+#: Other dtypes to price an unmeasured one at, in order.
+_FALLBACK = {"bfloat16": ["float16", "float32"], "float16": ["bfloat16", "float32"]}
+
+
+def nearest(points: Sequence[Sequence[float]], where: Sequence[float]) -> float:
+    """The last value of ``points`` (rows ``[*coordinates, value]``) interpolated at ``where``:
+    inverse squared distance in log coordinates over the three nearest rows (a measured shape
+    itself: its value)."""
+    target = [math.log(max(w, 1e-9)) for w in where]
+    scored = []
+    for row in points:
+        logs = [math.log(max(c, 1e-9)) for c in row[:-1]]
+        scored.append((sum((a - b) ** 2 for a, b in zip(logs, target, strict=True)), row[-1]))
+    scored.sort(key=lambda s: s[0])
+    if scored[0][0] < 1e-12:
+        return float(scored[0][1])
+    weights = [(1 / d, v) for d, v in scored[:3]]
+    return sum(w * v for w, v in weights) / sum(w for w, _ in weights)
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """A device's measured curves (the calibration file's keys).
+
+    Attributes:
+        device: the device measured (``torch.cuda.get_device_name`` or the CPU's name).
+        gemm: ``{dtype: [[M, N, K, TFLOP/s], ...]}``.
+        attention: ``{dtype: [[sequence, head dim, backward (0 or 1), TFLOP/s], ...]}``.
+        memory_gb_per_s: the bandwidth of a large copy (bytes read plus written per second).
+        op_us: the host's microseconds per dispatched operation.
+        source: what was measured, when, with which versions and commit.
+    """
+
+    device: str
+    gemm: dict[str, list[list[float]]]
+    attention: dict[str, list[list[float]]]
+    memory_gb_per_s: float
+    op_us: float
+    source: str
+    extrapolated: set[str] = field(default_factory=set, compare=False)
+
+    def _rows(self, table: Mapping[str, list[list[float]]], dtype: str, what: str) -> list:
+        if dtype in table:
+            return table[dtype]
+        for other in [*_FALLBACK.get(dtype, []), "float32", *table]:
+            if other in table:
+                self.extrapolated.add(f"{what} {dtype} priced at {other}")
+                return table[other]
+        raise ConfigError(f"--calibration: no {what} measured in {self.source}; run --calibrate")
+
+    def price(self, ops: OpRecord) -> dict[str, float]:
+        """Milliseconds by part of the operations ``ops`` records (module docstring)."""
+        seconds: Counter[str] = Counter()
+        for (part, m, n, k, dtype), flops in ops.gemms.items():
+            rate = nearest(self._rows(self.gemm, dtype, "gemm"), [m, n, k])
+            seconds[part] += flops / (rate * 1e12)
+        for (part, _, query, key, dim, dtype, backward), flops in ops.attention.items():
+            rows = [r for r in self._rows(self.attention, dtype, "attention") if r[2] == backward]
+            rate = nearest([[r[0], r[1], r[3]] for r in rows], [max(query, key), dim])
+            seconds[part] += flops / (rate * 1e12)
+        for part, moved in ops.moved.items():
+            seconds[part] += moved / (self.memory_gb_per_s * 1e9)
+        for part, calls in ops.calls.items():
+            seconds[part] += calls * self.op_us * 1e-6
+        return {part: s * 1e3 for part, s in seconds.items()}
+
+    def cost(self, count: StepCount) -> dict[str, float]:
+        """What :mod:`radio_lit.planning.plan` adds over the draws: ms by part."""
+        return self.price(count.ops)
+
+    def times(self, cost: Mapping[str, float], parameters: float) -> dict[str, float]:
+        """A rank's step by phase (ms) from :meth:`cost` and its local trainable parameters."""
+        teachers = sum(v for p, v in cost.items() if p.startswith(("teacher ", "upsampler ")))
+        rest = sum(v for p, v in cost.items() if p == OTHER)
+        optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (self.memory_gb_per_s * 1e9)
+        return {
+            "teachers": teachers,
+            "student": sum(cost.values()) - teachers - rest,
+            "optimizer": optimizer * 1e3,
+            "rest": rest,
+        }
+
+    @property
+    def basis(self) -> str:
+        return f"measured on {self.device} ({self.source})"
+
+
+def load_time_model(path: str | Path) -> TimeModel:
+    """The calibration file ``path`` (``radio-lit plan --calibrate``'s); a missing file or key
+    is a :class:`ConfigError` naming it and the fix."""
+    where = Path(path)
+    if not where.is_file():
+        raise ConfigError(
+            f"--calibration {path}: no such file (write one: radio-lit plan --calibrate)"
+        )
+    row: Any = yaml.safe_load(where.read_text(encoding="utf-8")) or {}
+    needed = ["device", "gemm", "attention", "memory_gb_per_s", "op_us"]
+    missing = [k for k in needed if k not in row]
+    if missing:
+        raise ConfigError(
+            f"--calibration {path}: missing {', '.join(missing)} (a file of radio-lit plan "
+            "--calibrate)"
+        )
+    measured = row.get("measured", {})
+    source = f"{where.name}: {measured.get('date', '?')}, commit {measured.get('commit', '?')}"
+    return TimeModel(
+        device=str(row["device"]),
+        gemm={str(k): [list(map(float, r)) for r in v] for k, v in row["gemm"].items()},
+        attention={str(k): [list(map(float, r)) for r in v] for k, v in row["attention"].items()},
+        memory_gb_per_s=float(row["memory_gb_per_s"]),
+        op_us=float(row["op_us"]),
+        source=source,
+    )
+
+
+def load_calibration(given: str | None) -> Calibration | TimeModel:
+    """``--calibration``'s: a shipped per-phase calibration by name (``h100``, the default;
+    ``h200``), a per-phase file (``teachers:``, ``student:``... as ``calibration.yaml``), or a
+    file of ``--calibrate`` (:func:`load_time_model`)."""
+    if given is None or given.lower() in SHIPPED:
+        return calibration(SHIPPED[(given or "h100").lower()])
+    where = Path(given)
+    if where.is_file() and "teachers" in (yaml.safe_load(where.read_text(encoding="utf-8")) or {}):
+        return calibration(where)
+    return load_time_model(where)

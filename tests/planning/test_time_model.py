@@ -1,0 +1,155 @@
+"""The time model (:mod:`radio_lit.planning.time_model`): each operation the counting sees is
+recorded by its own shapes, and priced against a calibration's measured curves; ``radio-lit
+plan --calibrate --quick`` writes such a file on this CPU, which ``--calibration`` reads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from radio_lit.core.errors import ConfigError
+from radio_lit.planning.counting import StepCounter
+from radio_lit.planning.time_model import TimeModel, load_time_model, nearest
+
+
+def _model(**changes) -> TimeModel:
+    base = {
+        "device": "test device",
+        "gemm": {"float32": [[64, 64, 64, 1.0], [1024, 1024, 1024, 4.0]]},
+        "attention": {"float32": [[256, 64, 0, 2.0], [256, 64, 1, 1.0], [256, 128, 0, 3.0]]},
+        "memory_gb_per_s": 100.0,
+        "op_us": 5.0,
+        "source": "hand-made",
+    }
+    return TimeModel(**{**base, **changes})
+
+
+def test_each_matrix_product_and_attention_is_recorded_by_its_own_shapes():
+    linear = nn.Linear(16, 32)
+    x = torch.randn(4, 10, 16)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the GPU kernel, as the plan counts it
+        q = torch.empty(2, 3, 8, 64)  # batch 2, 3 heads, 8 tokens, head dim 64
+    counter = StepCounter()
+    with counter, counter.part("student forward"):
+        linear(x)
+        torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)
+        x.exp()
+    ops = counter.ops
+    # addmm's [40, 16] @ [16, 32]: the batch folded into M, 2 M N K FLOPs (flop_counter's)
+    assert ops.gemms == {("student forward", 40, 32, 16, "float32"): 2 * 40 * 32 * 16}
+    # torch.utils.flop_counter's sdpa_flop_count: 4 b h s s d
+    assert ops.attention == {("student forward", 6, 8, 8, 64, "float32", False): 4 * 6 * 8 * 8 * 64}
+    assert ops.moved["student forward"] >= 2 * x.numel() * 4  # exp: read x, write its result
+    assert ops.calls["student forward"] >= 3
+
+
+def test_a_measured_shape_is_priced_at_its_rate_and_others_between():
+    rows = [[64, 64, 64, 1.0], [1024, 1024, 1024, 4.0]]
+    assert nearest(rows, [64, 64, 64]) == 1.0
+    between = nearest(rows, [256, 256, 256])
+    assert 1.0 < between < 4.0
+    model = _model()
+    counter = StepCounter()
+    with counter, counter.part("teacher dino"):
+        torch.randn(1024, 1024) @ torch.randn(1024, 1024)
+    ms = model.price(counter.ops)["teacher dino"]
+    flops = 2 * 1024**3
+    calls = counter.ops.calls["teacher dino"]
+    moved = counter.ops.moved["teacher dino"]  # the two randn's outputs
+    expected = flops / 4e12 + moved / 100e9 + calls * 5e-6
+    assert math.isclose(ms, expected * 1e3, rel_tol=1e-9)
+
+
+def test_attention_is_priced_by_head_dim_and_pass_and_an_unmeasured_dtype_is_said():
+    model = _model()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    counter = StepCounter()
+    with counter, counter.part("student forward"):
+        torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)
+    flops = 4 * 2 * 256 * 256 * 128
+    ms = model.price(counter.ops)["student forward"]
+    calls = counter.ops.calls["student forward"]
+    assert ms == pytest.approx((flops / 3e12 + calls * 5e-6) * 1e3, rel=1e-9)  # head dim 128
+    assert model.extrapolated == {"attention bfloat16 priced at float32"}
+
+
+def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(tmp_path, capsys):
+    from radio_lit.cli.plan import main
+
+    path = tmp_path / "cpu.calibration.yaml"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        main(["--calibrate", str(path), "--quick"])
+    finally:
+        torch.set_num_threads(threads)
+    assert str(path) in capsys.readouterr().out
+    written = yaml.safe_load(path.read_text())
+    measured = written["measured"]
+    assert measured["timer"] == "process CPU time" and measured["threads"] == 1
+    assert measured["versions"]["torch"] == str(torch.__version__)
+    assert {"date", "commit", "how", "collectives"} <= set(measured)
+    assert all(r[-1] > 0 for r in written["gemm"]["float32"])
+    dims = {(r[1], r[2]) for r in written["attention"]["float32"]}
+    assert dims == {(d, p) for d in (64, 72, 80, 128) for p in (0, 1)}
+    assert written["memory_gb_per_s"] > 0 and written["op_us"] >= 0
+    model = load_time_model(path)
+    # a product the calibration measured, priced at what it measured
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    counter = StepCounter()
+    with counter:
+        F.linear(a, b)
+    rate = next(r[3] for r in written["gemm"]["float32"] if r[:3] == [256, 256, 256])
+    gemm = (
+        model.price(counter.ops)["other"]
+        - (
+            counter.ops.moved["other"] / (model.memory_gb_per_s * 1e9)
+            + counter.ops.calls["other"] * model.op_us * 1e-6
+        )
+        * 1e3
+    )
+    assert gemm == pytest.approx(2 * 256**3 / (rate * 1e12) * 1e3, rel=1e-6)
+
+
+def test_a_calibration_file_that_is_not_one_is_a_one_line_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_time_model(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("device: x\n")
+    with pytest.raises(ConfigError, match="missing gemm, attention, memory_gb_per_s, op_us"):
+        load_time_model(bad)
+
+
+def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_path):
+    from radio_lit.planning.devices import Calibration
+    from radio_lit.planning.time_model import load_calibration
+
+    h100, h200 = load_calibration("h100"), load_calibration("h200")
+    assert load_calibration(None) == h100  # the default: the H100 run
+    assert isinstance(h200, Calibration) and h200.device == "h200"
+    # benchmarks/README.md's H200 phases: teachers 63.4 ms for 32 x 670.07 GFLOP at 989 TFLOP/s
+    assert h200.teacher_efficiency == pytest.approx(32 * 670.07e9 / 63.4e-3 / 989e12, rel=1e-3)
+    assert "calibrated on h200" in h200.basis and "2026-11-28" in h200.basis
+    assert "extrapolated" in h100.basis
+    curves = tmp_path / "cpu.yaml"
+    curves.write_text(
+        yaml.safe_dump(
+            {
+                "device": "a CPU",
+                "measured": {"date": "today", "commit": "abc"},
+                "gemm": {"float32": [[8, 8, 8, 0.1]]},
+                "attention": {"float32": [[64, 64, 0, 0.1], [64, 64, 1, 0.1]]},
+                "memory_gb_per_s": 5.0,
+                "op_us": 2.0,
+            }
+        )
+    )
+    model = load_calibration(str(curves))
+    assert isinstance(model, TimeModel) and model.basis.startswith("measured on a CPU")
