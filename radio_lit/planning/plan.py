@@ -29,7 +29,9 @@ Images/s, GPU-hours and wall time take the step **averaged over the resolution d
 (each partition's ``probabilities``, uniform by default): the expected slowest rank over
 every combination of the partitions' draws [choice: partitions draw independently; ranks of
 the same partitions draw alike, as one global RNG seeded alike on every rank does]. The step
-at the largest draws is reported beside it.
+at the largest draws is reported beside it. Each rank's work averaged over the draws, the share
+of the GPU-time that ranks wait for the slowest and the GPU-hours it costs are reported with it
+(:mod:`radio_lit.planning.layout`).
 
 **Communication** (per rank and step, ring collectives, ``(N - 1) / N`` of the data each way):
 FSDP2 gathers the student's bf16 weights once per step (``model.fsdp2.layout: student``, or
@@ -52,6 +54,7 @@ from torch import nn
 
 from radio_lit.planning.counting import OTHER, StepCount
 from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER, Calibration, Device
+from radio_lit.planning.layout import layout_name, rank_counts, waiting, waiting_lines
 
 __all__ = [
     "LoopStep",
@@ -155,6 +158,10 @@ class StagePlan:
     wall_hours: float | None
     cache: dict[str, Any]
     calibration: str
+    #: ``"blocks"``, ``"balanced"`` or ``"mixed"`` (:func:`radio_lit.planning.layout.layout_name`)
+    layout: str = "blocks"
+    #: the ranks' mean work and waiting (:func:`radio_lit.planning.layout.waiting`)
+    waiting: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -504,7 +511,10 @@ def plan_stage(
         wall_hours=hours,
         cache=cache,
         calibration=fit.source,
+        layout=layout_name(partitions),
     )
+    counted = {r: n for r, n in rank_counts(partitions, gpus).items() if r in rank_means}
+    stage.waiting = waiting(rank_means, counted, step, communication["ms"], stage.gpu_hours)
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
     stage.warnings += [_tight(r, device) for r in ranks if r.fits and r.tight]
     return stage
@@ -592,6 +602,7 @@ def table(stage: StagePlan) -> str:
         f"{stage.images_per_s_per_gpu:,.1f} images/s per GPU "
         f"(from a full teacher cache: {stage.cached_step_ms:,.1f} ms)"
     )
+    lines += waiting_lines(stage)
     if stage.max_steps is not None:
         lines.append(
             f"max_steps {stage.max_steps:,}: {stage.gpu_hours:,.0f} GPU-hours, "
