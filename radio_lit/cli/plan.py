@@ -131,8 +131,8 @@ def main(argv: Sequence[str]) -> None:
                 f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
             )
     if args.compare_layouts:  # each stage's configured layout, then its balanced one
-        pairs = zip(by_count[::2], by_count[1::2], strict=True)
-        texts += [comparison(a, b) for report, other in pairs for a, b in zip(report, other)]
+        for report, other in zip(by_count[::2], by_count[1::2], strict=True):
+            texts += [comparison(a, b) for a, b in zip(report, other, strict=True)]
     print("\n\n".join(texts))
 
 

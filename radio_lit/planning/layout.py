@@ -54,7 +54,10 @@ def rank_counts(partitions: Any, gpus: int) -> dict[int, int]:
 
 
 def waiting(
-    rank_means: Mapping[int, float], counts: Mapping[int, int], step_ms: float, comm_ms: float,
+    rank_means: Mapping[int, float],
+    counts: Mapping[int, int],
+    step_ms: float,
+    comm_ms: float,
     gpu_hours: float | None,
 ) -> dict[str, Any]:
     """The module docstring's figures: per distinct rank its mean work (ms, collectives
@@ -100,8 +103,9 @@ def comparison(report: Any, other: Any) -> str:
             f"  {stage.layout:<9} step {stage.step_ms:,.1f} ms, idle "
             f"{stage.waiting['idle_share']:.1%}{hours}"
         )
+    ratio = f"  {other.layout} / {report.layout}: "
     if report.gpu_hours and other.gpu_hours is not None:
-        lines.append(f"  {other.layout} / {report.layout}: {other.gpu_hours / report.gpu_hours:.2f}x the GPU-hours")
+        lines.append(ratio + f"{other.gpu_hours / report.gpu_hours:.2f}x the GPU-hours")
     else:
-        lines.append(f"  {other.layout} / {report.layout}: {other.step_ms / report.step_ms:.2f}x the step")
+        lines.append(ratio + f"{other.step_ms / report.step_ms:.2f}x the step")
     return "\n".join(lines)

@@ -78,7 +78,8 @@ def test_the_draws_keep_each_partitions_marginal_distribution():
     for _ in range(steps):
         low, high = plan.chunks(crop, train=True)
         pairs[LOW.index(low.resolution[0]), HIGH.index(high.resolution[0])] += 1
-    for counts, chances in [(pairs.sum(1), [1 / len(LOW)] * len(LOW)), (pairs.sum(0), high_chances)]:
+    uniform = [1 / len(LOW)] * len(LOW)
+    for counts, chances in [(pairs.sum(1), uniform), (pairs.sum(0), high_chances)]:
         expected = torch.tensor(chances) * steps
         error = (expected * (1 - torch.tensor(chances))).sqrt()
         assert ((counts - expected).abs() < 4.5 * error).all(), (counts, expected)
