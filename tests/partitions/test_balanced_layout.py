@@ -118,3 +118,16 @@ def test_every_rank_partitions_beside_blocks():
         pytest.approx(1 / 3),
         pytest.approx(2 / 3),
     ]
+
+
+def test_a_mosaic_cache_of_one_layout_is_refused_by_the_other():
+    """A mosaic teacher's canvases hold a rank's rows of its partition, which the layout
+    changes: the cache records it (older caches, without the key, read as blocks)."""
+    from radio_lit.cache.grouping import grouping_problem, partitions_record
+
+    blocks, spread = partitions_record(c_radio(False)), partitions_record(c_radio(True))
+    assert "every_rank" not in blocks["low_res"] and spread["low_res"]["every_rank"] is True
+    recorded = {"ranks": [64], "batch_size": 18, "partitions": blocks}
+    assert grouping_problem(recorded, ["sam"], 64, 18, blocks) is None
+    problem = grouping_problem(recorded, ["sam"], 64, 18, spread)
+    assert problem is not None and "other model.partitions than the cache's" in problem
