@@ -12,10 +12,14 @@ partition draws one resolution: on blocks its ranks would draw from the same gen
 as the low ranks, so a second resolution would be drawn differently by the two layouts]. On 2
 ranks the block layout gives ``low`` to rank 0 and ``high`` to rank 1; the balanced one gives
 every rank 2 low and 1 high images. Both see the same images (:func:`rank_batches`).
+The module draws nothing per rank (no view shifts, DAMP or CPE windows: each rank's own
+streams would draw them differently for an image on another rank), so the layouts' steps can
+be compared.
 
 - ``layouts``: per balancer of :data:`BALANCERS`, one SGD step of each layout (statistics
   estimated at it, the progress guard on), recording each rank's loss, the averaged gradients
-  and the statistics; then the balanced layout's :data:`STEPS`-step run with a checkpoint
+  and the statistics; the balanced one's step again under FSDP2 (``ModelParallelStrategy``,
+  the recipe's); then the balanced layout's :data:`STEPS`-step run with a checkpoint
   after every step (PHI-S statistics estimated over every step, refitted every
   :data:`REFIT_EVERY`, and :class:`~radio_lit.callbacks.RandomStates`).
 - ``resumed``: the balanced run resumed from its checkpoint after :data:`RESUME_FROM` steps.
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -58,8 +62,9 @@ BALANCERS: dict[str, Any] = {
 
 
 def build(every_rank: bool, balancer: str = "weighted", normalizer: Any = ZCAWhiten):
-    """The tiny two-partition module, from the same seed everywhere."""
-    torch.manual_seed(SEED)
+    """The tiny two-partition module, from the same seed everywhere (torch's, numpy's and
+    python's generators, as ``seed_everything`` seeds every rank of a run)."""
+    seed_everything(SEED, verbose=False)
     student = tiny_student(cpe_min_scale=1.0, cpe_max_aspect=1.0)  # deterministic CPE
     partitions = {
         "low": Partition(batch_size=LOW, resolutions=[32, 48], every_rank=every_rank),
@@ -100,14 +105,24 @@ def rank_batches(every_rank: bool, steps: int, rank: int, world_size: int) -> li
     ]
 
 
-def trainer(root: Path, world_size: int, **overrides: Any) -> Trainer:
+def trainer(root: Path, world_size: int, fsdp2: bool = False, **overrides: Any) -> Trainer:
+    """A CPU trainer on ``world_size`` gloo ranks: DDP, or FSDP2 (the recipe's
+    ``ModelParallelStrategy``)."""
     if world_size == 1:
         return cpu_trainer(root, **overrides)
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     os.environ["WORLD_SIZE"] = str(world_size)  # Lightning's environment removes it at teardown
-    strategy = DDPStrategy(
-        process_group_backend="gloo", broadcast_buffers=False, timeout=timedelta(seconds=60)
+    timeout = timedelta(seconds=60)
+    strategy = (
+        ModelParallelStrategy(
+            data_parallel_size=world_size,
+            tensor_parallel_size=1,
+            process_group_backend="gloo",
+            timeout=timeout,
+        )
+        if fsdp2
+        else DDPStrategy(process_group_backend="gloo", broadcast_buffers=False, timeout=timeout)
     )
     return cpu_trainer(
         root, devices=world_size, strategy=strategy, use_distributed_sampler=False, **overrides
@@ -126,10 +141,15 @@ class _Record(Callback):
             self.loss = outputs["loss"].detach().clone()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if not self.grads:
+        if not self.grads:  # FSDP2's shards gathered (a collective on every rank, in order)
             self.grads = {
-                k: p.grad.clone() for k, p in pl_module.trainable_parameters() if p.grad is not None
+                k: _full(p.grad) for k, p in pl_module.trainable_parameters() if p.grad is not None
             }
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).detach().clone()
 
 
 def statistics(module: DistillationModule) -> dict[str, dict[str, torch.Tensor]]:
@@ -138,11 +158,13 @@ def statistics(module: DistillationModule) -> dict[str, dict[str, torch.Tensor]]
     }
 
 
-def one_step(every_rank: bool, balancer: str, rank: int, world_size: int, root: Path):
+def one_step(
+    every_rank: bool, balancer: str, rank: int, world_size: int, root: Path, fsdp2: bool = False
+) -> dict[str, Any]:
     """One step of a layout: this rank's loss, the averaged gradients, the statistics."""
     module, record = build(every_rank, balancer), _Record()
     callbacks = [TeacherStatsEstimation(steps=1, refit_every=1), TrainingProgressGuard(1), record]
-    fit = trainer(root, world_size, max_steps=1, callbacks=callbacks, limit_val_batches=0)
+    fit = trainer(root, world_size, fsdp2, max_steps=1, callbacks=callbacks, limit_val_batches=0)
     batches = rank_batches(every_rank, 1, rank, world_size)
     fit.fit(module, StatefulDataLoader(batches, batch_size=None))
     return {"loss": record.loss, "grads": record.grads, "normalizers": statistics(module)}
@@ -195,6 +217,8 @@ def main(rank: int, world_size: int, init_file: str, mode: str, run_dir: str, ou
             for layout in ("blocks", "balanced")
             for b in BALANCERS
         }
+        # the recipe's strategy: under FSDP2 every rank runs the same partitions in turn
+        result["fsdp2"] = one_step(True, "weighted", rank, world_size, folder / "fsdp2", True)
         result["full"] = run("full", rank, world_size, folder)
     else:
         result = run("resumed", rank, world_size, folder)

@@ -4,7 +4,8 @@ report's cluster runs (one partition per rank) on the same images.
 
 - A step's objective (the ranks' losses averaged, as DDP averages their gradients), its
   averaged gradients and the teachers' statistics equal the block layout's, with the weighted
-  balancer and with teacher dropping, the progress guard on.
+  balancer and with teacher dropping, the progress guard on; under FSDP2 (the recipe's
+  strategy) the balanced step equals DDP's.
 - A checkpointed run resumed on 2 ranks is bit-equal to the uninterrupted one; resumed on 1
   rank (the same images in one batch) it equals it up to float reordering.
 """
@@ -67,6 +68,18 @@ def test_a_step_equals_the_block_layouts(launched, balancer: str) -> None:
             for key in ("count", "mean", "m2"):
                 if key in state:
                     _close(result["normalizers"][name][key], state[key], f"{name}.{key}")
+
+
+def test_the_balanced_step_under_fsdp2_equals_ddps(launched) -> None:
+    """The recipe's strategy (FSDP2: ``ModelParallelStrategy``) gathers the student in call
+    order on every rank: in the balanced layout every rank calls it for both partitions."""
+    ranks, _ = launched
+    ddp = [r[("balanced", "weighted")] for r in ranks]
+    for rank, result in enumerate(r["fsdp2"] for r in ranks):
+        _close(result["loss"], ddp[rank]["loss"], f"rank {rank} loss under FSDP2")
+        assert set(result["grads"]) == set(ddp[rank]["grads"])
+        for key, value in ddp[rank]["grads"].items():
+            _close(result["grads"][key], value, f"rank {rank} FSDP2 gradient {key}")
 
 
 def test_resume_is_exact_on_2_ranks_and_close_on_1(launched, tmp_path: Path) -> None:
