@@ -75,7 +75,8 @@ class Partition:
         eval_resolution: the side the partition is validated at; ``None``: the first of
             ``resolutions``.
         every_rank: run on every rank, ``batch_size / W`` images each (the balanced layout,
-            module docstring); ``False``: on its block of ranks by ``rank_share``.
+            module docstring; its ``rank_share`` then weighs only its update); ``False``: on
+            its block of ranks by ``rank_share``.
     """
 
     teachers: list[str] | None = None
