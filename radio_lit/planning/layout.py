@@ -23,6 +23,9 @@ from typing import Any
 
 __all__ = ["balanced", "comparison", "layout_name", "rank_counts", "waiting", "waiting_lines"]
 
+#: The idle share from which the plan points at the balanced layout [choice].
+IDLE_HINT = 0.05
+
 
 def layout_name(partitions: Any) -> str:
     """``"balanced"`` (every partition on every rank), ``"blocks"`` (each on its block of
@@ -85,12 +88,18 @@ def waiting_lines(stage: Any) -> list[str]:
     )
     hours = wait["idle_gpu_hours"]
     cost = "" if hours is None else f", {hours:,.0f} GPU-hours"
-    return [
+    lines = [
         f"layout {stage.layout}: mean work per rank (averaged over the draws, collectives "
         f"included): {each}",
         f"waiting: every rank at the mean work would step in {wait['mean_work_ms']:,.1f} ms; "
         f"{wait['idle_share']:.1%} of the GPU-time is ranks waiting for the slowest{cost}",
     ]
+    if wait["idle_share"] >= IDLE_HINT and stage.layout != "balanced":
+        lines.append(
+            "  every rank at the mean work: model.partitions.<name>.every_rank: true on every "
+            "partition (radio-lit plan --compare-layouts prices it)"
+        )
+    return lines
 
 
 def comparison(report: Any, other: Any) -> str:
