@@ -34,3 +34,23 @@ def test_the_balanced_plan_of_the_same_partitions():
     assert rank_counts(report, 64) == {0: 32, 32: 32}
     assert rank_counts(spread, 64) == {0: 64}
     assert spread.rank_batch_size(0) == 16 + 2
+
+
+def test_the_plan_points_a_waiting_layout_at_every_rank():
+    from types import SimpleNamespace
+
+    from radio_lit.planning.layout import waiting_lines
+
+    wait = waiting({0: 1071.0, 32: 1549.4}, {0: 32, 32: 32}, 1835.1, 84.9, 9787.0)
+    ranks = [
+        SimpleNamespace(rank=0, partitions=["low_res"]),
+        SimpleNamespace(rank=32, partitions=["high_res"]),
+    ]
+    stage = SimpleNamespace(layout="blocks", waiting=wait, ranks=ranks)
+    lines = waiting_lines(stage)
+    assert "rank 0 (low_res) x32: 1,155.9 ms; rank 32 (high_res) x32: 1,634.3 ms" in lines[0]
+    assert "24.0% of the GPU-time is ranks waiting for the slowest, 2,347 GPU-hours" in lines[1]
+    assert "every_rank: true" in lines[2]
+    even = waiting({0: 1310.2}, {0: 64}, 1395.1, 84.9, 7441.0)
+    spread = SimpleNamespace(layout="balanced", waiting=even, ranks=ranks[:1])
+    assert len(waiting_lines(spread)) == 2
