@@ -91,6 +91,7 @@ def partitions_record(plan: Any) -> dict[str, dict[str, Any]]:
             "teachers": list(plan.members[name]),
             "batch_size": part.batch_size,
             "rank_share": float(part.rank_share),
+            **({"every_rank": True} if part.every_rank else {}),  # older caches: blocks
         }
         for name, part in plan.partitions.items()
     }

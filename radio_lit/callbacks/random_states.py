@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 
 from radio_lit.training.random_streams import gather_ranks, own_rank
 
@@ -33,14 +34,28 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Set this process's RNGs to a :func:`capture` d state."""
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+    """Set this process's RNGs to a :func:`capture` d state (those it holds)."""
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "python" in state:
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Whether two :func:`capture` d states (nested tuples, dicts, tensors) are equal."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
 
 
 class RandomStates(Callback):
@@ -49,8 +64,10 @@ class RandomStates(Callback):
     The states are captured when the checkpoint is written (after a training step) and put
     back just before the first training step of the resumed run (after its data loader has
     started), so the resumed run draws what the uninterrupted run drew. Each rank gets its
-    own states back; resuming on a different number of ranks cannot be exact and keeps the
-    fresh states (with a warning).
+    own states back. On a different number of ranks, a generator whose state every saved rank
+    held alike (torch's under the balanced partition layout, radio_lit.training.partitions:
+    every rank draws the partitions' resolutions alike) is every new rank's too, so it comes
+    back; the others cannot be exact and keep their fresh states (with a warning).
     """
 
     def __init__(self) -> None:
@@ -69,6 +86,17 @@ class RandomStates(Callback):
         if self._pending is None:
             return
         ranks, self._pending = self._pending, None
+        alike = {k: v for k, v in ranks[0].items() if all(_equal(r.get(k), v) for r in ranks)}
+        if len(ranks) != trainer.world_size and alike:
+            restore(alike)  # generators every rank drew alike
+            fresh = sorted(set(ranks[0]) - set(alike))
+            if fresh:
+                rank_zero_warn(
+                    f"the checkpoint's {len(ranks)} rank(s) held different {', '.join(fresh)} "
+                    f"random states and this run has {trainer.world_size}: those stay fresh "
+                    f"(restored: {', '.join(alike)})"
+                )
+            return
         state = own_rank(ranks, trainer.world_size, trainer.global_rank, "random states")
         if state is not None:
             restore(state)

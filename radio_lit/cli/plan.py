@@ -6,6 +6,7 @@ GPU-hours, cache disk), counted on fake tensors.
     radio-lit plan --stages configs/recipes/c-radio/stage1.yaml configs/recipes/c-radio/stage2.yaml
     radio-lit plan --calibrate my-gpu.calibration.yaml      # measure this device (minutes)
     radio-lit plan --config configs/stage1.yaml --calibration my-gpu.calibration.yaml
+    radio-lit plan --config configs/recipes/c-radio/stage1.yaml --gpus 64 --compare-layouts
 
 The run is built as ``radio-lit fit`` builds it (radio-lit's CLI, every configured class), its
 teachers and student on the meta device with random weights (nothing is loaded or downloaded:
@@ -13,12 +14,15 @@ teachers and student on the meta device with random weights (nothing is loaded o
 images; each distinct rank's step is then run on fake tensors (:mod:`radio_lit.planning`).
 Any other ``--section.key value`` option is applied to the config, as for ``radio-lit fit``
 (``--teacher-depth K``: teachers of K blocks at their real widths, as the benchmarks run them).
+``--compare-layouts`` plans each stage also in the balanced layout (every partition on every
+rank, :mod:`radio_lit.planning.layout`), from the same build and calibration, side by side.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import sys
 import warnings
@@ -34,6 +38,7 @@ from radio_lit.core.errors import CommandParser, ConfigError
 from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module, largest_draws
 from radio_lit.planning.devices import device
+from radio_lit.planning.layout import balanced, comparison
 from radio_lit.planning.meta_build import on_meta, planning_build
 from radio_lit.planning.plan import (
     LoopStep,
@@ -106,6 +111,12 @@ def _parser() -> CommandParser:
         "(radio_lit/planning/calibration*.yaml); or FILE of --calibrate: each operation's "
         "shapes priced on its measured curves",
     )
+    parser.add_argument(
+        "--compare-layouts",
+        action="store_true",
+        help="plan each stage also with every partition on every rank (the balanced layout: "
+        "model.partitions.<name>.every_rank true), side by side with the configured one",
+    )
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
     return parser
 
@@ -131,8 +142,9 @@ def main(argv: Sequence[str]) -> None:
             if not Path(config).is_file():
                 parser.error(f"--config {config}: no such config file")
     counts = args.gpus or [None]
-    plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]  # [stage][N]
-    by_count = list(zip(*plans, strict=True))  # [N][stage]
+    # [stage][N x layout]: with --compare-layouts, the configured layout then the balanced one
+    plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]
+    by_count = list(zip(*plans, strict=True))  # [N x layout][stage]
     totals = [recipe_total(p) if len(stages) > 1 else None for p in by_count]
     if args.json:
         out: list[Any] = []
@@ -149,6 +161,9 @@ def main(argv: Sequence[str]) -> None:
                 f"\nrecipe ({len(recipe)} stages) at {recipe[0].gpus} GPUs: "
                 f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
             )
+    if args.compare_layouts:  # each stage's configured layout, then its balanced one
+        for report, other in zip(by_count[::2], by_count[1::2], strict=True):
+            texts += [comparison(a, b) for a, b in zip(report, other, strict=True)]
     print("\n\n".join(texts))
 
 
@@ -282,8 +297,11 @@ def _plan(
     optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
     loop = LoopStep(args.step, _freeze_steps(raw))
     previous = loop.updated_bytes(module)  # the earlier step's gradients, through the forward
+    configured = module.partitions
+    layouts = [configured, balanced(configured)] if args.compare_layouts else [configured]
     stages = []
-    for given in gpu_counts:
+    for given, partitions in itertools.product(gpu_counts, layouts):
+        module.partitions = partitions
         gpus = given or _world(raw)
         shards = gpus if sharded else 1  # FSDP2: each rank's shard of them
         scatter = _reduce_scatter(module, shards) if sharded else (0, 0)
@@ -347,4 +365,5 @@ def _plan(
                 gpu_key=args.gpu,
             )
         )
+    module.partitions = configured
     return stages

@@ -33,7 +33,9 @@ Images/s, GPU-hours and wall time take the step **averaged over the resolution d
 (each partition's ``probabilities``, uniform by default): the expected slowest rank over
 every combination of the partitions' draws [choice: partitions draw independently; ranks of
 the same partitions draw alike, as one global RNG seeded alike on every rank does]. The step
-at the largest draws is reported beside it.
+at the largest draws is reported beside it. Each rank's work averaged over the draws, the share
+of the GPU-time that ranks wait for the slowest and the GPU-hours it costs are reported with it
+(:mod:`radio_lit.planning.layout`).
 
 **Communication** and the cache's reads: :mod:`radio_lit.planning.communication`; the memory
 verdict, the time range, the assumptions and each figure's basis:
@@ -55,6 +57,7 @@ from torch import nn
 from radio_lit.planning.communication import cache_read, collectives, communication
 from radio_lit.planning.counting import StepCount
 from radio_lit.planning.devices import Calibration, Device
+from radio_lit.planning.layout import layout_name, rank_counts, waiting, waiting_lines
 from radio_lit.planning.time_model import TimeModel
 from radio_lit.planning.verdict import UNEXPLAINED_PEAK_SHARE, basis, memory_verdict, time_range
 
@@ -164,6 +167,10 @@ class StagePlan:
     cache_read: dict[str, float] = field(default_factory=dict)
     assumptions: list[dict[str, str]] = field(default_factory=list)
     basis: dict[str, str] = field(default_factory=dict)
+    #: ``"blocks"``, ``"balanced"`` or ``"mixed"`` (:func:`radio_lit.planning.layout.layout_name`)
+    layout: str = "blocks"
+    #: the ranks' mean work and waiting (:func:`radio_lit.planning.layout.waiting`)
+    waiting: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -503,7 +510,10 @@ def plan_stage(
         cache_read=read,
         assumptions=[dict(a) for a in assumptions],
         basis=basis(device.name, fit, gpu_key or device.name),
+        layout=layout_name(partitions),
     )
+    counted = {r: n for r, n in rank_counts(partitions, gpus).items() if r in rank_means}
+    stage.waiting = waiting(rank_means, counted, step, communication["ms"], stage.gpu_hours)
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
     stage.warnings += [_may_not_fit(r, device) for r in ranks if r.verdict == "may not fit"]
     return stage
@@ -602,6 +612,7 @@ def table(stage: StagePlan) -> str:
         f"{read['gb_per_node']:,.2f} GB per node and step at {read['read_gb_per_s']:g} GB/s: "
         f"{read['ms']:,.1f} ms)"
     )
+    lines += waiting_lines(stage)
     if stage.max_steps is not None and stage.gpu_hours_range is not None:
         lo, hi = stage.gpu_hours_range
         lines.append(

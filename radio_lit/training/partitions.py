@@ -10,6 +10,17 @@ of ranks ``R_p`` whose size is proportional to its ``rank_share`` (largest remai
 one each). With fewer ranks than partitions (e.g. one CPU), partition ``i`` runs on rank
 ``i mod world_size``, and a rank runs its partitions one after the other within the step.
 
+**The balanced layout** (``every_rank: true``): a partition runs on every rank, each taking
+``batch_size / W`` of its images every step (C-RADIOv4 at 64 GPUs: 16 low-res and 2 high-res
+images a rank, instead of 32 low-res ranks of 32 and 32 high-res ranks of 4). Ranks then do the
+same work at every draw, and no rank waits for another at the gradients' collective
+(``radio-lit plan`` prices the wait of the other layout). The other partitions share the ranks
+as above. [choice] The update is unchanged (``|R_p| = W`` below), every teacher of such a
+partition runs on every rank (its statistics reduce over the world), and the resolution draws
+are not coupled across partitions: each partition draws its own, in partition order, from the
+global RNG seeded alike on every rank, so all ranks run the same resolutions and each
+partition keeps its marginal distribution (``probabilities``).
+
 **Batches.** ``batch_size`` is the partition's batch per optimizer step over all its ranks, so
 each of its ranks takes ``batch_size / |R_p|`` images. The datamodule yields the same per-rank
 batch on every rank; a rank's partitions take consecutive, disjoint slices of it in partition
@@ -63,6 +74,9 @@ class Partition:
             ``None``: uniform.
         eval_resolution: the side the partition is validated at; ``None``: the first of
             ``resolutions``.
+        every_rank: run on every rank, ``batch_size / W`` images each (the balanced layout,
+            module docstring; its ``rank_share`` then weighs only its update); ``False``: on
+            its block of ranks by ``rank_share``.
     """
 
     teachers: list[str] | None = None
@@ -71,6 +85,7 @@ class Partition:
     rank_share: float = 1.0
     probabilities: list[float] | None = None
     eval_resolution: int | None = None
+    every_rank: bool = False
 
 
 @dataclass
@@ -225,15 +240,21 @@ class PartitionPlan:
 
     # -- placement ----------------------------------------------------------------------------
     def place(self, world_size: int, rank: int) -> _Placement:
-        """Assign ranks for ``world_size`` and check each partition's batch divides evenly."""
-        shares = [p.rank_share for p in self.partitions.values()]
-        ranks = dict(zip(self.partitions, assign_ranks(shares, world_size), strict=True))
+        """Assign ranks for ``world_size`` (``every_rank`` partitions: all of them; the others
+        by :func:`assign_ranks`) and check each partition's batch divides evenly."""
+        blocks = [n for n, p in self.partitions.items() if not p.every_rank]
+        shares = [self.partitions[n].rank_share for n in blocks]
+        ranks = dict(zip(blocks, assign_ranks(shares, world_size) if blocks else [], strict=True))
+        ranks = {n: ranks.get(n, list(range(world_size))) for n in self.partitions}
         for name, part in self.partitions.items():
-            if part.batch_size is not None and part.batch_size % len(ranks[name]):
+            count = len(ranks[name])
+            if part.batch_size is not None and part.batch_size % count:
+                nearest = max(count, round(part.batch_size / count) * count)
+                fix = "" if part.every_rank else " or change rank_share"
                 raise ValueError(
                     f"model.partitions.{name}.batch_size={part.batch_size} does not split over "
-                    f"its {len(ranks[name])} of {world_size} ranks; make it a multiple of "
-                    f"{len(ranks[name])} or change rank_share"
+                    f"its {count} of {world_size} ranks; the nearest that does is {nearest} "
+                    f"(a multiple of {count}){fix}"
                 )
         teacher_ranks = {
             t: sorted({r for n, rs in ranks.items() if t in self.members[n] for r in rs})

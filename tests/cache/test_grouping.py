@@ -31,15 +31,19 @@ from tests.teachers.tiny import tiny_clip_teacher, tiny_sam_teacher
 BATCH = 6  # per rank: CLIP's 2 rows, then the mosaic SAM's 4 (one 2 x 2 canvas)
 
 
-def _module(mosaic: bool = True) -> Any:
+def _module(mosaic: bool = True, every_rank: bool = False) -> Any:
+    """``every_rank``: the balanced layout (every rank runs both partitions: at 2 ranks CLIP
+    on 1 row, the mosaic SAM on 4, one canvas)."""
     torch.manual_seed(0)
     teachers = {
         "clip": tiny_clip_teacher(),
         "sam": tiny_sam_teacher(resolution=64, mosaic=mosaic),  # 128 px canvas: 2 x 2 views
     }
     layout = {
-        "semantic": Partition(teachers=["clip"], batch_size=2),
-        "sam": Partition(teachers=["sam"], batch_size=4),
+        "semantic": Partition(teachers=["clip"], batch_size=2, every_rank=every_rank),
+        "sam": Partition(
+            teachers=["sam"], batch_size=8 if every_rank else 4, every_rank=every_rank
+        ),
     }
     return tiny_module(teachers=teachers, partitions=layout)
 
@@ -69,10 +73,12 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _compare(cache: Path, world: int, mosaic: bool, exact: bool) -> dict[str, int]:
+def _compare(
+    cache: Path, world: int, mosaic: bool, exact: bool, every_rank: bool = False
+) -> dict[str, int]:
     """Run the live step's teachers on each rank's chunks and compare with the cache's
     outputs for them; the number of images compared per teacher."""
-    module = _module(mosaic)
+    module = _module(mosaic, every_rank)
     plan = module.partitions
     compared = {"clip": 0, "sam": 0}
     for rank in range(world):
@@ -100,6 +106,13 @@ def test_cached_mosaic_outputs_are_the_live_steps(cache: Path, world: int) -> No
     compared = _compare(cache, world, mosaic=True, exact=True)
     steps = 6 // world  # per rank; at 2 ranks CLIP runs on rank 0, SAM on rank 1
     assert compared == {"clip": 2 * steps, "sam": 4 * steps}
+
+
+def test_a_balanced_layouts_cache_holds_each_ranks_live_mosaics(tmp_path: Path) -> None:
+    config = {"model": {"teachers": {}}, "data": {"class_path": "ImageFolderDataModule"}}
+    write_cache(_module(every_rank=True), _data(), config, tmp_path, views=1, ranks=[2])
+    compared = _compare(tmp_path, 2, mosaic=True, exact=True, every_rank=True)
+    assert compared == {"clip": 1 * 3 * 2, "sam": 4 * 3 * 2}  # rows x steps x ranks
 
 
 def test_without_mosaics_another_rank_count_reads_the_teachers_outputs(tmp_path: Path) -> None:

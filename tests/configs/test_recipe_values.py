@@ -29,6 +29,7 @@ BATCH = {
     "recipes/c-radio/stage1.yaml": 1152,
     "recipes/c-radio/stage2.yaml": 1152,
     "recipes/c-radio/stage3.yaml": 1152,
+    "recipes/c-radio/balanced.yaml": 1152,  # stacked on stage 1: the same batches, laid out anew
     "recipes/phi-s/stage3.yaml": 1152,
 }
 

@@ -14,12 +14,22 @@ import torch
 from benchmarks.gpu_check import stage_chains
 from radio_lit.callbacks import TrainingProgressGuard
 from radio_lit.export.checkpoint import checkpoint_inference_model
+from radio_lit.planning.configs import load_config
 from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe
 
 pytestmark = pytest.mark.slow
 
 CPU_SIZED = sorted(name for name in CONFIGS if not gpu_recipe(name))
 CHAINS = stage_chains(list(CONFIGS.values()))
+#: Overlays of a GPU recipe that lay its partitions out anew (recipes/c-radio/balanced.yaml):
+#: their layout takes a step at CPU size (one rank's share of every partition).
+LAYOUTS = sorted(
+    name
+    for name, config in CONFIGS.items()
+    if config.overlay
+    and gpu_recipe(name)
+    and "partitions" in (load_config(config.path).get("model") or {})
+)
 
 
 def one_step(cli) -> None:
@@ -44,6 +54,17 @@ def one_step(cli) -> None:
 @pytest.mark.parametrize("name", CPU_SIZED)
 def test_a_cpu_sized_config_takes_an_optimizer_step(name):
     one_step(built(name))
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_recipes_partition_layout_takes_an_optimizer_step(name):
+    cli = cpu_sized(name, "--model.init_from=null")
+    given = load_config(CONFIGS[name].path)["model"]["partitions"]
+    parts = cli.model.partitions.partitions
+    assert {n: parts[n].every_rank for n in given} == {
+        n: bool(spec.get("every_rank")) for n, spec in given.items()
+    }
+    one_step(cli)
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

@@ -44,11 +44,11 @@ def _concurrently(commands: dict[str, list[str]], folder: Path) -> dict[str, for
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    """The quickstart's plan at 2 H200s under FSDP2 and bf16-mixed, as a table and as JSON
-    (two processes)."""
+    """The quickstart's plan at 2 H200s under FSDP2 and bf16-mixed, as a table (beside its
+    balanced layout) and as JSON (two processes)."""
     command = ["--config", QUICKSTART, "--gpus", "2", "--gpu", "h200", *FSDP2_BF16]
     return _concurrently(
-        {"table": command, "json": [*command, "--json"]},
+        {"table": [*command, "--compare-layouts"], "json": [*command, "--json"]},
         tmp_path_factory.mktemp("plans"),
     )
 
@@ -135,3 +135,20 @@ def test_table_and_json_hold_the_same_figures(plans):
     assert f"reads {read['gb_per_node']:,.2f} GB per node and step" in table.stdout
     assert "assumed strategy: FSDP2 (--trainer.strategy on the command line)" in table.stdout
     assert "assumed precision: bf16-mixed (--trainer.precision on the command line)" in table.stdout
+
+
+@pytest.mark.slow
+def test_the_table_compares_the_layouts(plans):
+    """``--compare-layouts``: the configured layout's plan (the JSON's), then the balanced one
+    (one rank kind running both partitions: 3 low and 1 high image), and one line each."""
+    table, plan = plans["table"], json.loads(plans["json"].stdout)
+    assert plan["layout"] == "blocks" and set(plan["waiting"]["ranks"]) == {"0", "1"}
+    idle = plan["waiting"]["idle_share"]
+    assert "layout blocks: mean work per rank" in table.stdout
+    assert f"{idle:.1%} of the GPU-time is ranks waiting" in table.stdout
+    assert "rank 0: low 3 x 64 px, high 1 x 128 px" in table.stdout
+    assert "layout balanced: mean work per rank" in table.stdout
+    lines = table.stdout.split("layouts of ", 1)[1].splitlines()
+    assert lines[1].split()[0] == "blocks" and f"idle {idle:.1%}" in lines[1]
+    assert lines[2].split()[0] == "balanced" and "idle 0.0%" in lines[2]
+    assert "balanced / blocks: " in lines[3]
