@@ -44,6 +44,7 @@ from radio_lit.export.layout import (
     BASE,
     CONDITIONER,
     EMBEDDER,
+    NORMALIZERS,
     POS_EMBED,
     PREFIX_TOKENS,
 )
@@ -55,7 +56,7 @@ KNOWN = (
     "Hugging Face folder (NVlabs' radio_model.* or transformers' RadioModel), or timm "
     "*_radio_v4 weights"
 )
-_KEPT = (BASE, CONDITIONER, "_heads.", "_feature_projections.")
+_KEPT = (BASE, CONDITIONER, "_heads.", "_feature_projections.", *NORMALIZERS.values())
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -175,18 +176,57 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
     teachers = [dict(t) for t in args.get("teachers") or []]
     extras = args.get("radio_lit") or {}
     per_teacher = bool(args.get("cls_token_per_teacher"))
-    num_cls = int(extras.get("num_cls_tokens", len(teachers) if per_teacher else 1))
+    # NVlabs counts one token per unique teacher name (radio_model.create_model_from_args).
+    unique = len({t["name"] for t in teachers})
+    num_cls = int(extras.get("num_cls_tokens", unique if per_teacher else 1))
+    first: dict[str, dict[str, Any]] = {}
     for index, teacher in enumerate(teachers):
         teacher.setdefault("use_summary", True)
         teacher.setdefault("token_slot", index if per_teacher and num_cls > 1 else 0)
         for group in ("_heads", "_feature_projections"):  # heads saved by teacher index
             old, new = f"{group}.{index}.", f"{group}.{teacher['name']}."
             for key in [k for k in state if k.startswith(old)]:
-                state[new + key[len(old) :]] = state.pop(key)
+                value = state.pop(key)
+                if teacher["name"] not in first:  # a later entry of a name: NVlabs reads none
+                    state[new + key[len(old) :]] = value
+        first.setdefault(teacher["name"], teacher)
+    # NVlabs' loader takes a name's first entry (hubconf.radio_model's adaptor lookup).
+    teachers = list(first.values())
     kept = {k: v for k, v in state.items() if k.startswith(_KEPT)}
-    architecture = {"model": args.get("model"), "model_kwargs": args.get("model_kwargs") or {}}
-    architecture["num_heads"] = _timm_heads(architecture["model"], architecture["model_kwargs"])
+    architecture = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
     return Published(path, fmt, kept, teachers, num_cls, architecture, _plain(args))
+
+
+#: NVlabs-only model names (``radio/extra_timm_models.py``, registered by NVlabs' package, not
+#: by timm) -> the timm ViT they build: ``vit_base_patch16_224`` with the widths NVlabs' function
+#: passes (its ``model_args``). LayerScale (``init_values``) is saved as ``ls<k>.grandma``
+#: there (its ``_patch_layer_scale``), which the layout reads as ``gamma``.
+NVLABS_MODELS: dict[str, dict[str, Any]] = {
+    "vit_tiny_patch14_224": {"patch_size": 14, "embed_dim": 192, "depth": 12, "num_heads": 3},
+    "vit_small_patch14_224": {"patch_size": 14, "embed_dim": 384, "depth": 12, "num_heads": 6},
+    "vit_base_patch14_224": {"patch_size": 14, "embed_dim": 768, "depth": 12, "num_heads": 12},
+    "vit_base_patch16_v2_224": {"patch_size": 16, "embed_dim": 768, "depth": 12,
+                                "num_heads": 12, "init_values": 1e-5},
+    "vit_large_patch16_v2_224": {"patch_size": 16, "embed_dim": 1024, "depth": 24,
+                                 "num_heads": 16, "init_values": 1e-5},
+    "vit_so400m_patch16_224": {"patch_size": 16, "embed_dim": 1152, "depth": 27,
+                               "num_heads": 16, "mlp_ratio": 4304 / 1152},
+    "vit_so400m_v2_patch16_224": {"patch_size": 16, "embed_dim": 1152, "depth": 27,
+                                  "num_heads": 16, "mlp_ratio": 4320 / 1152},
+    "vit_huge_patch16_224": {"patch_size": 16, "embed_dim": 1280, "depth": 32, "num_heads": 16},
+    "vit_giant_patch16_224": {"patch_size": 16, "embed_dim": 1536, "depth": 40, "num_heads": 24},
+}  # fmt: skip
+
+
+def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"model", "model_kwargs", "num_heads"}`` of NVlabs' ``args.model``/``model_kwargs``
+    as timm builds it: an NVlabs-only name (:data:`NVLABS_MODELS`) becomes
+    ``vit_base_patch16_224`` with its widths (the file's ``model_kwargs`` win)."""
+    kwargs = dict(kwargs)
+    if isinstance(model, str) and model in NVLABS_MODELS:
+        kwargs = {**NVLABS_MODELS[model], **kwargs}
+        model = "vit_base_patch16_224"
+    return {"model": model, "model_kwargs": kwargs, "num_heads": _timm_heads(model, kwargs)}
 
 
 def _plain(args: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,7 +240,8 @@ def _timm_heads(model: Any, kwargs: Mapping[str, Any]) -> int | None:
 
     if not isinstance(model, str) or model not in timm.list_models():
         return None
-    known = {k: v for k, v in kwargs.items() if k in ("depth", "embed_dim", "num_heads")}
+    known = {k: v for k, v in kwargs.items()
+             if k in ("depth", "embed_dim", "num_heads", "patch_size")}  # fmt: skip
     with torch.device("meta"):
         vit = timm.create_model(model, pretrained=False, weight_init="skip", **known)
     return int(vit.blocks[0].attn.num_heads) if hasattr(vit, "blocks") else None
@@ -299,6 +340,9 @@ def _from_nvlabs_hf(weights: Mapping[str, Tensor], config: Mapping[str, Any]) ->
             state[BASE + key[len("model.") :]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value
+        elif key.startswith(("feature_normalizer.", "inter_feature_normalizer.")):
+            # RADIOModel's attributes (radio/radio_model.py) -> hubconf's checkpoint names
+            state["_" + key.replace("inter_feature", "intermediate_feature")] = value
         elif key.startswith("adaptors."):
             _, name, mlp, rest = key.split(".", 3)
             group = {"head_mlp": "_heads", "feat_mlp": "_feature_projections"}.get(mlp)
@@ -347,6 +391,9 @@ def _from_transformers(weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
             state[names[key]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value
+        elif key.startswith(("feature_normalizer.", "inter_feature_normalizer.")):
+            # RADIOModel's attributes (radio/radio_model.py) -> hubconf's checkpoint names
+            state["_" + key.replace("inter_feature", "intermediate_feature")] = value
         elif key.startswith("encoder.layer."):
             index, rest = key[len("encoder.layer.") :].split(".", 1)
             if rest.startswith(("attention.q_proj.", "attention.k_proj.", "attention.v_proj.")):
