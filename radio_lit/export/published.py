@@ -192,6 +192,8 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
         first.setdefault(teacher["name"], teacher)
     # NVlabs' loader takes a name's first entry (hubconf.radio_model's adaptor lookup).
     teachers = list(first.values())
+    for teacher in teachers:
+        _refuse_other_heads(path, args, teacher, state)
     kept = {k: v for k, v in state.items() if k.startswith(_KEPT)}
     architecture = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
     return Published(path, fmt, kept, teachers, num_cls, architecture, _plain(args))
@@ -227,6 +229,33 @@ def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         kwargs = {**NVLABS_MODELS[model], **kwargs}
         model = "vit_base_patch16_224"
     return {"model": model, "model_kwargs": kwargs, "num_heads": _timm_heads(model, kwargs)}
+
+
+def _refuse_other_heads(
+    path: Path, args: Mapping[str, Any], teacher: Mapping[str, Any], state: Mapping[str, Tensor]
+) -> None:
+    """Refuse, in one line naming the head kind, an adaptor head radio-lit cannot import: MLP v1
+    (``mlp_version``), ``attn`` or other non-v2 feature heads (``spatial_mlp_version``) or an
+    upsampling feature head (``fd_upsample_factor``), each per teacher entry or from ``args``
+    as NVlabs' ``radio/adaptor_generic.py`` ``GenericAdaptor`` reads them."""
+    name = teacher["name"]
+    summary = teacher.get("mlp_version", args.get("mlp_version") or "v2")
+    feature = teacher.get("spatial_mlp_version", args.get("spatial_mlp_version") or summary)
+    ups = teacher.get("fd_upsample_factor")
+    kinds = []
+    if summary != "v2" and any(k.startswith(f"_heads.{name}.") for k in state):
+        kinds.append(f"an MLP {summary} summary head (mlp_version: {summary})")
+    if any(k.startswith(f"_feature_projections.{name}.") for k in state):
+        if feature != "v2":
+            kinds.append(f"a {feature!r} feature head (spatial_mlp_version: {feature})")
+        if ups not in (None, 1):
+            kinds.append(f"an upsampling feature head (fd_upsample_factor: {ups})")
+    if kinds:
+        raise ValueError(
+            f"model.init_from: {path} ships {' and '.join(kinds)} for teacher {name!r}, which "
+            "radio-lit cannot import (it reads NVlabs' MLP v2 heads only); remove that teacher's "
+            f"args.teachers entry and its _heads/_feature_projections keys from a copy of the file"
+        )
 
 
 def _plain(args: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,8 +31,9 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: each function's ``model_args``, passed to timm's ``_create_vision_transformer``; the ``v2``
 #: models have ``init_values=1e-5``, i.e. LayerScale). The test's own copy of the facts.
 NVLABS_ONLY = {
-    "vit_base_patch16_v2_224": {"init_values": 1e-5},
-    "vit_large_patch16_v2_224": {"init_values": 1e-5},
+    # built on timm's *_reg4_dinov2 with reg_tokens=4: an unused reg_token in the state dict
+    "vit_base_patch16_v2_224": {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True},
+    "vit_large_patch16_v2_224": {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True},
     "vit_huge_patch16_224": {},
     "vit_giant_patch16_224": {},
     "vit_so400m_patch16_224": {"mlp_ratio": 4304 / 1152},
@@ -117,7 +118,7 @@ def nvlabs_checkpoint(
     vit = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0, **kwargs)
     state: dict[str, Tensor] = {}
     for key, value in vit.state_dict().items():
-        if key.startswith(("patch_embed.", "pos_embed", "cls_token", "reg_token")):
+        if key.startswith(("patch_embed.", "pos_embed", "cls_token")):
             continue  # replaced by the CPE patch generator (radio/enable_cpe_support.py)
         if key.startswith("norm.") and not spec["model_norm"]:
             continue  # create_model_from_args: model.norm = Identity without args.model_norm
@@ -158,9 +159,9 @@ def nvlabs_checkpoint(
         )
     for index, name in enumerate(unique):  # hubconf reads _heads.<tidx> or _heads.<name>
         summary, features = widths[name]
-        if summary is not None:
-            for k, v in _mlp_v2(dim, 2 * dim, summary, generator).items():
-                state[f"_heads.{index}.{k}"] = v
+        # radio/adaptor_generic.py builds a summary MLP for every adaptor, use_summary or not.
+        for k, v in _mlp_v2(dim, 2 * dim, summary or features, generator).items():
+            state[f"_heads.{index}.{k}"] = v
         for k, v in _mlp_v2(dim, 2 * dim, features, generator).items():
             state[f"_feature_projections.{index}.{k}"] = v
     args = Namespace(

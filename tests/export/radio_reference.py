@@ -129,7 +129,7 @@ def reference_forward(
         summary = all_summary[:, slot]
         # hubconf: an adaptor's state under _heads.<tidx> or _heads.<name>
         by = name if f"_feature_projections.{name}.fc1.weight" in state else i
-        has_summary = f"_heads.{by}.fc1.weight" in state
+        has_summary = t.get("use_summary", True) and f"_heads.{by}.fc1.weight" in state
         outputs[name] = (
             _mlp_v2(state, f"_heads.{by}.", summary) if has_summary else None,
             _mlp_v2(state, f"_feature_projections.{by}.", features),
