@@ -117,3 +117,17 @@ def test_a_head_radio_lit_cannot_import_is_refused_naming_its_kind(where, settin
     with pytest.raises(ValueError, match=kind) as error:
         read_published(path)
     assert "\n" not in str(error.value)
+
+
+def test_a_student_without_the_source_s_feature_normalizer_is_refused_naming_the_option(tmp_path):
+    """A config's own CPEViT for a file with ``_feature_normalizer.*``: one line naming the
+    setting (``feature_normalizer: true``), not a deep load error."""
+    from tests.builders import tiny_student
+
+    path = save_pth(nvlabs_checkpoint("radio_v2.5-h-norm", WIDTHS), tmp_path / "m.pth.tar")
+    student = tiny_student(max_resolution=128, model_kwargs={"depth": 2, "embed_dim": 32,
+                           "num_heads": 2, "final_norm": False}, num_cls_tokens=3,
+                           num_registers=5, cpe_align_corners=False)  # fmt: skip
+    with pytest.raises(ValueError, match="feature_normalizer: true") as error:
+        tiny_module(student=student, normalizer=PhiS, init_from=str(path))
+    assert "\n" not in str(error.value)
