@@ -32,7 +32,7 @@ from radio_lit.teachers.speed import SpeedReport
 from radio_lit.training import losses, matching, normalization
 from radio_lit.training import teachers as teacher_step
 from radio_lit.training.batch import CachedBatch
-from radio_lit.training.optim import adamw, optimizer_and_schedule, parameter_groups
+from radio_lit.training.optim import adamw, optimizer_and_schedule, optimizer_of, parameter_groups
 from radio_lit.training.partitions import Chunk, Partition, PartitionPlan
 from radio_lit.training.per_teacher import check_names, loss_terms, per_teacher, teacher_normalizers
 from radio_lit.training.student_step import DAMP, MESA, PatchShifts, StudentStep, student_shift
@@ -211,7 +211,7 @@ class DistillationModule(pl.LightningModule):
         """Targets ``[{name: [B, H, W, C]}]`` per chunk, after estimation steps' statistics."""
         when = self.estimate_statistics, self.refit_statistics, self.partitions.sources
         out = normalization.normalized_targets(self.normalizers, self.dispersions, outputs, *when)
-        self.imported_heads.follow(self.normalizers, self.heads, self.ema)  # composed once fitted
+        self.imported_heads.follow(self.normalizers, self.heads, self.ema, optimizer_of(self))
         return out
 
     def match(

@@ -96,10 +96,19 @@ class ImportedHeads(nn.Module):
 
     @torch.no_grad()
     def follow(
-        self, normalizers: Mapping[str, Normalizer], heads: Mapping[str, Any], ema: Any = None
+        self,
+        normalizers: Mapping[str, Normalizer],
+        heads: Mapping[str, Any],
+        ema: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         """Compose each imported head (the live one, and the EMA student's, ``ema.heads``)
-        with its normalizer where the normalizer was fitted since the last composition."""
+        with its normalizer where the normalizer was fitted since the last composition.
+
+        The composed layer's ``optimizer`` moments are forgotten ``[choice]``: they were
+        gathered in the space before (Adam's first moment would have to turn by the inverse
+        transpose of the composition, and its second, elementwise, cannot turn at all), so
+        the layer's next update starts its moments afresh, as a new parameter's would."""
         groups = [heads] if ema is None else [heads, ema.heads]
         for name in self.names:
             normalizer = normalizers[name]
@@ -114,6 +123,9 @@ class ImportedHeads(nn.Module):
                 forward = forward.diag_embed()
             for group in groups:
                 _compose(group[name].features.out, forward @ old_theta, forward @ (old_mu - mu))
+            if optimizer is not None:
+                for parameter in heads[name].features.out.parameters():
+                    optimizer.state.pop(parameter, None)
             old_theta.copy_(theta)
             old_mu.copy_(mu)
 
@@ -184,12 +196,38 @@ def _json(buffer: Tensor) -> dict[str, Any]:
 
 
 def _compose(linear: nn.Linear, matrix: Tensor, offset: Tensor) -> None:
-    """``linear`` becomes ``x -> matrix @ linear(x) + offset`` (float64, stored in its dtype)."""
-    weight = linear.weight.double()
-    bias = linear.bias.double() if linear.bias is not None else weight.new_zeros(weight.shape[0])
-    linear.weight.copy_(matrix.to(weight) @ weight)
+    """``linear`` becomes ``x -> matrix @ linear(x) + offset`` (float64, stored in its dtype).
+
+    Under FSDP2 the weight and bias are shards (``DTensor``, dim 0 split over the ranks): each
+    rank gathers them (a collective: every rank composes the same heads at the same step, the
+    statistics being all-reduced), composes the full matrices and keeps its own rows."""
+    weight = _gathered(linear.weight).double()
+    bias = weight.new_zeros(weight.shape[0])
     if linear.bias is not None:
-        linear.bias.copy_(matrix.to(weight) @ bias + offset.to(weight))
+        bias = _gathered(linear.bias).double()
+    matrix = matrix.to(weight)
+    _assign(linear.weight, matrix @ weight)
+    if linear.bias is not None:
+        _assign(linear.bias, matrix @ bias + offset.to(weight))
+
+
+def _gathered(tensor: Tensor) -> Tensor:
+    """The full tensor of an FSDP2 shard (all-gathered), or ``tensor`` itself."""
+    full = getattr(tensor, "full_tensor", None)  # torch.distributed.tensor.DTensor
+    return full() if full is not None else tensor
+
+
+def _assign(parameter: Tensor, value: Tensor) -> None:
+    """``parameter`` takes the full ``value``: an FSDP2 shard its own part of it (every rank
+    holds the same ``value``, so no data moves)."""
+    if hasattr(parameter, "full_tensor"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(
+            value.to(parameter.dtype), parameter.device_mesh, parameter.placements,
+            src_data_rank=None,
+        )  # fmt: skip
+    parameter.copy_(value)
 
 
 @dataclass

@@ -60,6 +60,9 @@ NORMALIZERS = {
     "feature_normalizer.": "_feature_normalizer.",
     "intermediate_normalizer.": "_intermediate_feature_normalizer.",
 }
+#: Parameters of a timm ViT that NVlabs' CPE leaves in place and never uses (``reg_token`` of
+#: timm's ``vit_*_radio_v4``, whose registers the CPE's prefix tokens are).
+TIMM_UNUSED = ("reg_token",)
 
 
 def trunk_to_radio(student: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -99,14 +102,19 @@ def trunk_from_radio(
     if tokens.shape[0] > num_cls_tokens:
         student["registers"] = tokens[None, num_cls_tokens:]
     trunk = tuple(BASE + part for part in _TRUNK)
-    for key, value in state.items():
-        if key.startswith(trunk):  # NVlabs' LayerScale 'grandma' (dinov2_arch.LayerScale)
-            student[key[len(BASE) :].replace(".grandma", ".gamma")] = value
+    student.update({_timm_name(k[len(BASE) :]): v for k, v in state.items() if k.startswith(trunk)})
     for ours, theirs in NORMALIZERS.items():
-        student.update(
-            {ours + k[len(theirs) :]: v for k, v in state.items() if k.startswith(theirs)}
-        )
+        kept = {k: v for k, v in state.items() if k.startswith(theirs)}
+        student.update({ours + k[len(theirs) :]: v for k, v in kept.items()})
     return student
+
+
+def _timm_name(key: str) -> str:
+    """timm's name of a trunk key: NVlabs saves LayerScale's ``gamma`` as ``grandma``
+    (``radio/dinov2_arch.py`` ``LayerScale``; its loader reads either name)."""
+    return (
+        key[: -len("grandma")] + "gamma" if key.endswith((".ls1.grandma", ".ls2.grandma")) else key
+    )
 
 
 def heads_to_radio(heads: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -136,9 +144,11 @@ def to_radio_keys(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def from_radio_keys(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`to_radio_keys`."""
+    """Inverse of :func:`to_radio_keys` (the timm parameters the CPE trunk leaves unused,
+    :data:`TIMM_UNUSED`, dropped)."""
     inverse = {new: old for old, new in MLP_V2_NAMES.items()}
-    return {_rename_adaptor(k, inverse): v for k, v in state.items()}
+    unused = {BASE + name for name in TIMM_UNUSED}
+    return {_rename_adaptor(k, inverse): v for k, v in state.items() if k not in unused}
 
 
 def _rename_adaptor(key: str, names: Mapping[str, str]) -> str:

@@ -39,6 +39,8 @@ from torch import Tensor, nn
 from radio_lit.core.outputs import TeacherOutput
 from radio_lit.export.layout import (
     ADAPTOR_PREFIXES,
+    BASE,
+    TIMM_UNUSED,
     from_radio_keys,
     to_radio_keys,
 )
@@ -176,6 +178,21 @@ def timm_trunk(config: dict[str, Any]) -> nn.Module:
     )
 
 
+def unused_timm_parameters(config: dict[str, Any]) -> dict[str, Tensor]:
+    """``base_model.<name>``: zeros for each parameter of the timm model ``config`` names that
+    NVlabs' loader builds (``create_model_from_args``, then ``enable_cpe``, which leaves them)
+    but the CPE trunk does not use; in the file so that the loader finds every key it expects
+    (it warns ``Missing keys in state dict: ['reg_token']`` otherwise). Read back, they are
+    dropped (:data:`~radio_lit.export.layout.TIMM_UNUSED`)."""
+    with torch.device("meta"):
+        vit = timm_trunk(config)
+    return {
+        BASE + name: torch.zeros(getattr(vit, name).shape)
+        for name in TIMM_UNUSED
+        if isinstance(getattr(vit, name, None), Tensor)
+    }
+
+
 class RadioLitModel(nn.Module):
     """A distilled student with teacher-space adaptors, for inference.
 
@@ -283,8 +300,13 @@ class RadioLitModel(nn.Module):
         )
 
     def radio_state_dict(self) -> dict[str, Tensor]:
-        """The state dict under RADIO's key names (contiguous tensors, detached)."""
-        return {k: v.detach().contiguous() for k, v in to_radio_keys(self.state_dict()).items()}
+        """The state dict under RADIO's key names (contiguous tensors, detached), with the
+        parameters NVlabs' loader builds from ``args.model`` that the CPE trunk does not use
+        (timm's ``reg_token`` of ``vit_*_radio_v4``: :func:`unused_timm_parameters`)."""
+        state = {k: v.detach().contiguous() for k, v in to_radio_keys(self.state_dict()).items()}
+        if self.config["radio_lit"].get("architecture") != "e-radio":
+            state.update(unused_timm_parameters(self.config))
+        return state
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, images: Tensor) -> dict[str, TeacherOutput]:

@@ -195,40 +195,45 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
     for teacher in teachers:
         _refuse_other_heads(path, args, teacher, state)
     kept = {k: v for k, v in state.items() if k.startswith(_KEPT)}
-    architecture = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
+    model, kwargs = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
+    architecture = {"model": model, "model_kwargs": kwargs}
+    architecture["num_heads"] = _timm_heads(model, kwargs)
     return Published(path, fmt, kept, teachers, num_cls, architecture, _plain(args))
 
 
-#: NVlabs-only model names (``radio/extra_timm_models.py``, registered by NVlabs' package, not
-#: by timm) -> the timm ViT they build: ``vit_base_patch16_224`` with the widths NVlabs' function
-#: passes (its ``model_args``). LayerScale (``init_values``) is saved as ``ls<k>.grandma``
-#: there (its ``_patch_layer_scale``), which the layout reads as ``gamma``.
-NVLABS_MODELS: dict[str, dict[str, Any]] = {
-    "vit_tiny_patch14_224": {"patch_size": 14, "embed_dim": 192, "depth": 12, "num_heads": 3},
-    "vit_small_patch14_224": {"patch_size": 14, "embed_dim": 384, "depth": 12, "num_heads": 6},
-    "vit_base_patch14_224": {"patch_size": 14, "embed_dim": 768, "depth": 12, "num_heads": 12},
-    "vit_base_patch16_v2_224": {"patch_size": 16, "embed_dim": 768, "depth": 12,
-                                "num_heads": 12, "init_values": 1e-5},
-    "vit_large_patch16_v2_224": {"patch_size": 16, "embed_dim": 1024, "depth": 24,
-                                 "num_heads": 16, "init_values": 1e-5},
-    "vit_so400m_patch16_224": {"patch_size": 16, "embed_dim": 1152, "depth": 27,
-                               "num_heads": 16, "mlp_ratio": 4304 / 1152},
-    "vit_so400m_v2_patch16_224": {"patch_size": 16, "embed_dim": 1152, "depth": 27,
-                                  "num_heads": 16, "mlp_ratio": 4320 / 1152},
-    "vit_huge_patch16_224": {"patch_size": 16, "embed_dim": 1280, "depth": 32, "num_heads": 16},
-    "vit_giant_patch16_224": {"patch_size": 16, "embed_dim": 1536, "depth": 40, "num_heads": 24},
+#: NVlabs/RADIO's own timm registrations (``radio/extra_timm_models.py``), which timm lacks:
+#: the timm model each is, with the arguments that make it so (NVlabs' ``model_args``).
+NVLABS_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vit_tiny_patch14_224": ("vit_tiny_patch16_224", {"patch_size": 14}),
+    "vit_small_patch14_224": ("vit_small_patch16_224", {"patch_size": 14}),
+    "vit_base_patch14_224": ("vit_base_patch16_224", {"patch_size": 14}),
+    "vit_base_patch16_v2_224": ("vit_base_patch16_224", {
+        "init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True, "img_size": 518 * 16 // 14,
+    }),
+    "vit_large_patch16_v2_224": ("vit_large_patch16_224", {
+        "init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True, "img_size": 518 * 16 // 14,
+    }),
+    "vit_so400m_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1152, "depth": 27, "num_heads": 16, "mlp_ratio": 4304 / 1152,
+    }),
+    "vit_so400m_v2_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1152, "depth": 27, "num_heads": 16, "mlp_ratio": 4320 / 1152,
+    }),
+    "vit_huge_patch16_224": ("vit_huge_patch14_224", {"patch_size": 16}),
+    "vit_giant_patch16_224": ("vit_base_patch16_224", {
+        "embed_dim": 1536, "depth": 40, "num_heads": 24,
+    }),
+    "vit_bigG_patch14_224": ("vit_base_patch16_224", {
+        "patch_size": 14, "embed_dim": 1664, "depth": 48, "num_heads": 16, "init_values": 1e-6,
+    }),
 }  # fmt: skip
 
 
-def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"model", "model_kwargs", "num_heads"}`` of NVlabs' ``args.model``/``model_kwargs``
-    as timm builds it: an NVlabs-only name (:data:`NVLABS_MODELS`) becomes
-    ``vit_base_patch16_224`` with its widths (the file's ``model_kwargs`` win)."""
-    kwargs = dict(kwargs)
-    if isinstance(model, str) and model in NVLABS_MODELS:
-        kwargs = {**NVLABS_MODELS[model], **kwargs}
-        model = "vit_base_patch16_224"
-    return {"model": model, "model_kwargs": kwargs, "num_heads": _timm_heads(model, kwargs)}
+def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(timm model, model_kwargs)`` of an ``args.model`` and its ``model_kwargs``: an NVlabs
+    name (:data:`NVLABS_MODELS`) as the timm model it is, others as they are."""
+    base, fixed = NVLABS_MODELS.get(model, (model, {}))
+    return base, {**fixed, **kwargs}
 
 
 def _refuse_other_heads(

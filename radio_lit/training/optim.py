@@ -113,6 +113,13 @@ def fastest_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Opti
     return optimizer
 
 
+def optimizer_of(module: Any) -> torch.optim.Optimizer | None:
+    """The optimizer a LightningModule trains with, or ``None`` outside a fit."""
+    trainer = getattr(module, "_trainer", None)
+    optimizers = trainer.optimizers if trainer is not None else []
+    return optimizers[0] if optimizers else None
+
+
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """LR multiplier: linear warm-up to 1, then cosine annealing to ``min_ratio``."""
     if step < warmup_steps:

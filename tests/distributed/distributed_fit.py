@@ -18,6 +18,8 @@ hand, as a script, rank 0 re-launches ``sys.argv`` for rank 1 (Lightning's
   rank;
 - ``<kind>-ema``: ``<kind>`` with an EMA student and its MESA term (``MESA(decay=0.5)``), whose
   weights the rank also writes (``ema``, gathered in full);
+- ``<kind>-imported``: started from a published model whose heads are imported
+  (:func:`build_imported_module`), so that each refit composes them (sharded under FSDP2);
 - ``fsdp2-lr0``: ``fsdp2`` with a learning rate of 0, and ``fsdp2-hidden``: ``fsdp2`` with the
   student's output a dataclass FSDP2 cannot see (``StudentOutput`` taken out of torch's
   pytree registry): runs that train nothing, which ``TrainingProgressGuard`` stops.
@@ -67,12 +69,30 @@ TIMEOUT_S = 60  # collectives fail after this instead of gloo's 30 minutes
 
 
 def build_module(
-    seed: int = SEED, mesa: MESA | None = None, fsdp2: FSDP2 = DEFAULT_FSDP2
+    seed: int = SEED, mesa: MESA | None = None, fsdp2: FSDP2 = DEFAULT_FSDP2, **overrides: Any
 ) -> DistillationModule:
     """``tests.builders.tiny_module`` with PHI-S normalizers (tiny CLIP, DINOv2 and SAM
     teachers, SAM without a summary); the same seed builds the same teachers anywhere."""
     torch.manual_seed(seed)
-    return tiny_module(normalizer=PhiS, mesa=mesa, fsdp2=fsdp2)
+    return tiny_module(normalizer=PhiS, mesa=mesa, fsdp2=fsdp2, **overrides)
+
+
+def build_imported_module(folder: Path, mesa: MESA | None = None) -> DistillationModule:
+    """:func:`build_module` started from a published model (``model.init_from``, NVlabs'
+    layout) that ships a head for each of its teachers: heads imported, then composed with
+    each refit of the run's PHI-S statistics. Every rank writes the same file (seeded) to a
+    path of its own first."""
+    from radio_lit.export import module_inference_model, save_radio
+
+    torch.manual_seed(SEED + 1)
+    source = tiny_module(student=tiny_student(cpe_align_corners=False), normalizer=PhiS)
+    for name, output in source.run_teachers(torch.rand(4, 3, 96, 96)).items():
+        source.normalizers[name].update(output.features)
+        source.normalizers[name].fit()
+    path = folder / f"published{os.environ.get('LOCAL_RANK', 0)}.pth"
+    save_radio(module_inference_model(source.eval()), path)
+    student = tiny_student(cpe_align_corners=False)
+    return build_module(mesa=mesa, student=student, init_from=str(path))
 
 
 #: Two partitions, one per rank on 2 ranks: DINOv2 is in both (its statistics pool both
@@ -160,6 +180,7 @@ def main(kind: str, output: Path) -> None:
 
     seed_everything(SEED, verbose=False)
     timeout = timedelta(seconds=TIMEOUT_S)
+    kind, imported = kind.removesuffix("-imported"), kind.endswith("-imported")
     kind, ema = kind.removesuffix("-ema"), kind.endswith("-ema")
     if kind in ("ddp", "partitions"):
         strategy = DDPStrategy(
@@ -183,6 +204,8 @@ def main(kind: str, output: Path) -> None:
 
     if kind == "partitions":
         module = build_partitioned_module()
+    elif imported:
+        module = build_imported_module(output, mesa=MESA(decay=0.5) if ema else None)
     else:
         layout = FSDP2(layout="blocks") if kind == "fsdp2-blocks" else DEFAULT_FSDP2
         module = build_module(mesa=MESA(decay=0.5) if ema else None, fsdp2=layout)

@@ -31,6 +31,9 @@ RUN_TIMEOUT_S = 300  # both runs together take ~20 s on 2 busy cores
 KINDS = ("ddp", "fsdp2")
 EMA_KINDS = ("ddp-ema", "fsdp2-ema")  # with an EMA student and MESA (C-RADIOv4 report 2.3.2)
 BLOCKS = "fsdp2-blocks"  # FSDP2 with a unit per student block (model.fsdp2.layout: blocks)
+#: Started from a published model, its heads imported and composed with each refit (sharded
+#: under FSDP2), with an EMA student whose heads are composed too.
+IMPORTED = ("ddp-ema-imported", "fsdp2-ema-imported")
 # Inherited variables that would make Lightning pick another cluster environment or
 # override Trainer arguments.
 _FOREIGN_ENV_PREFIXES = (
@@ -149,7 +152,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Re
     """
     launches = {
         kind: _Launch.start(kind, tmp_path_factory.mktemp(kind))
-        for kind in (*KINDS, *EMA_KINDS, BLOCKS)
+        for kind in (*KINDS, *EMA_KINDS, BLOCKS, *IMPORTED)
     }
     results: dict[str, Result | BaseException] = {}
 
@@ -381,6 +384,21 @@ def test_the_ema_student_under_fsdp2_follows_as_under_ddp(run: Callable[[str], R
             )
     student = ddp[0]["weights"][-1]["student.patch_embed.proj.weight"]
     assert not torch.equal(ddp[0]["ema"]["student.patch_embed.proj.weight"], student)
+
+
+def test_imported_heads_compose_with_each_refit_under_fsdp2_as_under_ddp(
+    run: Callable[[str], Result],
+) -> None:
+    """A published start's heads (``model.init_from``) composed with every refit of the
+    statistics on FSDP2's shards (it died at the first refit: a plain tensor times a DTensor),
+    the EMA's too: the same losses, weights and EMA as under DDP (to AdamW's float32 noise:
+    atol 5e-5, a few near-zero biases; the losses to 1e-5)."""
+    ddp, fsdp2 = run("ddp-ema-imported"), run("fsdp2-ema-imported")
+    _trained_alike(fsdp2[0], ddp[0], "FSDP2 and DDP, imported heads", atol=5e-5)
+    for key, value in ddp[0]["ema"].items():
+        torch.testing.assert_close(fsdp2[0]["ema"][key], value, rtol=1e-4, atol=5e-5, msg=key)
+    head = "heads.clip.features.out.weight"  # imported: not the fresh head of a plain run
+    assert not torch.equal(ddp[0]["weights"][0][head], run("ddp")[0]["weights"][0][head])
 
 
 def test_fsdp2_computes_the_sigma_reparam_weights_of_a_step_together(

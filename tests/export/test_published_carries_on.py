@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -147,3 +148,32 @@ def test_adapt_and_extend_export_in_nvlabs_layout_with_the_published_token_layou
     assert {t["name"]: t["type"] for t in config["teachers"][:3]} == source_types
     if not extend:  # nothing trained: the export is the published model (its backbone too)
         _assert_same_model(radio_lit.load(path), radio_lit.load(source), 1e-5)
+
+
+class MomentsAtBackward(pl.Callback):
+    """Per step, whether the optimizer holds moments for an imported head's composed layer
+    and for a layer no refit touches, as the step's backward starts."""
+
+    def __init__(self) -> None:
+        self.composed: list[bool] = []
+        self.untouched: list[bool] = []
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        state = trainer.optimizers[0].state
+        heads = pl_module.heads["clip"].features
+        self.composed.append(bool(state.get(heads.out.weight)))
+        self.untouched.append(bool(state.get(heads.inp.weight)))
+
+
+def test_a_refit_forgets_the_moments_of_the_layer_it_composes(source, tmp_path):
+    """Each refit turns an imported head's last layer into the new normalized space; Adam's
+    moments of that layer, gathered in the old space, are dropped with it, and rebuilt by
+    the next update (the other layers keep theirs)."""
+    module = _module(source)
+    module.optimizer_factory = lambda params: torch.optim.AdamW(params, lr=1e-4)
+    moments = MomentsAtBackward()
+    callbacks = [TeacherStatsEstimation(steps=2, refit_every=1), SeedPerStep(), moments]
+    cpu_trainer(tmp_path, max_steps=4, callbacks=callbacks).fit(module, image_batches(16, 4))
+    # step 0: no update yet; step 1: refit, dropped; steps 2-3: estimation over, rebuilt
+    assert moments.composed == [False, False, True, True]
+    assert moments.untouched == [False, True, True, True]
