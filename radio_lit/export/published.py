@@ -425,9 +425,6 @@ def _from_transformers(weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
             state[names[key]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value
-        elif key.startswith(("feature_normalizer.", "inter_feature_normalizer.")):
-            # RADIOModel's attributes (radio/radio_model.py) -> hubconf's checkpoint names
-            state["_" + key.replace("inter_feature", "intermediate_feature")] = value
         elif key.startswith("encoder.layer."):
             index, rest = key[len("encoder.layer.") :].split(".", 1)
             if rest.startswith(("attention.q_proj.", "attention.k_proj.", "attention.v_proj.")):
