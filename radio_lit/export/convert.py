@@ -248,6 +248,8 @@ def inference_model(
         InputConditioner(tuple(pixel_mean), tuple(pixel_std)),
         summary_heads,
         feature_heads,
+        feature_normalizer=copy.deepcopy(getattr(student, "feature_normalizer", None)),
+        intermediate_normalizer=copy.deepcopy(getattr(student, "intermediate_normalizer", None)),
     )
     return model.to(next(student.parameters()).device)
 

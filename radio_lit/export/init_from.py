@@ -38,6 +38,7 @@ from radio_lit.export.layout import (
     BASE,
     CONDITIONER,
     EMBEDDER,
+    NORMALIZERS,
     POS_EMBED,
     PREFIX_TOKENS,
     heads_from_radio,
@@ -266,6 +267,25 @@ def load_trunk(student: CPEViT, published: Published, num_cls: int) -> None:
                 value = weights[f"{layer}.{name}"]
                 scale = gamma[:, None] if name == "weight" else gamma
                 weights[f"{layer}.{name}"] = (value.double() * scale).to(value.dtype)
+    for ours, theirs in NORMALIZERS.items():  # a source's feature normalizers need the option
+        has = any(k.startswith(ours) for k in weights)
+        if has != any(k.startswith(ours) for k in own):
+            option = (
+                "feature_normalizer: true"
+                if ours.startswith("feature")
+                else ("intermediate_normalizers: <its layers>")
+            )
+            raise ValueError(
+                f"model.init_from: {published.path} ({published.format}) "
+                f"{'holds' if has else 'has no'} {theirs}* but the config's student "
+                f"{'has none' if has else 'has one'}; "
+                + (
+                    f"set model.student.init_args.{option} (or use radio_lit.export."
+                    "PublishedStudent, which reads it from the source)"
+                    if has
+                    else f"drop model.student.init_args.{option.split(':')[0]}"
+                )
+            )
     try:
         student.load_state_dict(weights, strict=True)
     except RuntimeError as error:

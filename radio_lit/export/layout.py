@@ -15,6 +15,13 @@ proj.bias [D]``                               [1, G G, D]`` (RADIO's embedder ha
 ``cls_token [1, T, D]``, ``registers          ``base_model.patch_generator.cls_token.token
 [1, R, D]``                                   [T + R, D]`` (summary tokens, then registers)
 ``blocks.*``, ``norm.*``                      ``base_model.blocks.*``, ``base_model.norm.*``
+``feature_normalizer.mean|tx``               ``_feature_normalizer.mean|tx`` (NVlabs'
+                                              ``FeatureNormalizer``, radio_v2.5-h-norm)
+``intermediate_normalizer.alphas|rotation|    ``_intermediate_feature_normalizer.*``
+means``
+``blocks.<i>.ls<k>.gamma``                    ``base_model.blocks.<i>.ls<k>.grandma`` read
+                                              as ``gamma`` (NVlabs' ``dinov2_arch.
+                                              LayerScale``; its loader takes either name)
 heads ``<t>.summary.<layer>``                 ``_heads.<t>.<layer'>``
 heads ``<t>.features.<layer>``                ``_feature_projections.<t>.<layer'>``
 ============================================  ==============================================
@@ -48,6 +55,11 @@ GENERATOR = BASE + "patch_generator."
 EMBEDDER, POS_EMBED = GENERATOR + "embedder.weight", GENERATOR + "pos_embed"
 PREFIX_TOKENS = GENERATOR + "cls_token.token"
 _TRUNK = ("blocks.", "norm.")
+#: The student's feature normalizers -> NVlabs' checkpoint names (``hubconf.radio_model``).
+NORMALIZERS = {
+    "feature_normalizer.": "_feature_normalizer.",
+    "intermediate_normalizer.": "_intermediate_feature_normalizer.",
+}
 #: Parameters of a timm ViT that NVlabs' CPE leaves in place and never uses (``reg_token`` of
 #: timm's ``vit_*_radio_v4``, whose registers the CPE's prefix tokens are).
 TIMM_UNUSED = ("reg_token",)
@@ -67,6 +79,8 @@ def trunk_to_radio(student: Mapping[str, Tensor]) -> dict[str, Tensor]:
         PREFIX_TOKENS: torch.cat(prefix),
     }
     state.update({BASE + k: v for k, v in student.items() if k.startswith(_TRUNK)})
+    for ours, theirs in NORMALIZERS.items():
+        state.update({theirs + k[len(ours) :]: v for k, v in student.items() if k.startswith(ours)})
     return state
 
 
@@ -89,6 +103,9 @@ def trunk_from_radio(
         student["registers"] = tokens[None, num_cls_tokens:]
     trunk = tuple(BASE + part for part in _TRUNK)
     student.update({_timm_name(k[len(BASE) :]): v for k, v in state.items() if k.startswith(trunk)})
+    for ours, theirs in NORMALIZERS.items():
+        kept = {k: v for k, v in state.items() if k.startswith(theirs)}
+        student.update({ours + k[len(theirs) :]: v for k, v in kept.items()})
     return student
 
 

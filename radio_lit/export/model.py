@@ -46,6 +46,7 @@ from radio_lit.export.layout import (
 )
 from radio_lit.students import ERadio, MLPHead
 from radio_lit.students.cpe_vit import cpe_eval_window
+from radio_lit.students.feature_normalizer import FeatureNormalizer, IntermediateFeatureNormalizer
 from radio_lit.students.heads import mlp_shape
 from radio_lit.students.vitdet import run_windowed
 
@@ -225,6 +226,8 @@ class RadioLitModel(nn.Module):
         heads: dict[str, MLPHead],
         feature_projections: dict[str, MLPHead],
         pad: bool = False,
+        feature_normalizer: FeatureNormalizer | None = None,
+        intermediate_normalizer: IntermediateFeatureNormalizer | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -232,6 +235,10 @@ class RadioLitModel(nn.Module):
         self.base_model = base_model
         self._heads = nn.ModuleDict(heads)
         self._feature_projections = nn.ModuleDict(feature_projections)
+        # NVlabs' names (hubconf.radio_model): _feature_normalizer.*, applied to the features
+        # before the adaptors (RADIOModel._extract_final); the intermediate one is carried.
+        self._feature_normalizer = feature_normalizer
+        self._intermediate_feature_normalizer = intermediate_normalizer
         self.pad = pad
         extras = config["radio_lit"]
         self.patch_size = int(extras["patch_size"])
@@ -253,6 +260,16 @@ class RadioLitModel(nn.Module):
     ) -> RadioLitModel:
         """Build the model ``config`` describes and load ``state`` (RADIO key names) strictly."""
         model = cls.from_shapes(config, adaptor_shapes(config, state), pad=pad)
+        if "_feature_normalizer.mean" in state:
+            model._feature_normalizer = FeatureNormalizer(
+                state["_feature_normalizer.mean"].shape[0]
+            )
+        means = state.get("_intermediate_feature_normalizer.means")
+        if means is not None:
+            per_layer = state["_intermediate_feature_normalizer.rotation"].ndim == 3
+            model._intermediate_feature_normalizer = IntermediateFeatureNormalizer(
+                *means.shape, rotation_per_layer=per_layer
+            )
         model.load_state_dict(from_radio_keys(state), strict=True)
         return model
 
@@ -309,6 +326,8 @@ class RadioLitModel(nn.Module):
         batch, _, dim = tokens.shape
         summary = tokens[:, : self.num_cls_tokens]
         features = tokens[:, self.num_prefix :].reshape(batch, h, w, dim)
+        if self._feature_normalizer is not None:
+            features = self._feature_normalizer(features)
         outputs = {"backbone": TeacherOutput(summary=summary[:, 0], features=features)}
         for name, projection in self._feature_projections.items():
             slot = self.summary_slots.get(name)

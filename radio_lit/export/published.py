@@ -44,6 +44,7 @@ from radio_lit.export.layout import (
     BASE,
     CONDITIONER,
     EMBEDDER,
+    NORMALIZERS,
     POS_EMBED,
     PREFIX_TOKENS,
 )
@@ -55,7 +56,7 @@ KNOWN = (
     "Hugging Face folder (NVlabs' radio_model.* or transformers' RadioModel), or timm "
     "*_radio_v4 weights"
 )
-_KEPT = (BASE, CONDITIONER, "_heads.", "_feature_projections.")
+_KEPT = (BASE, CONDITIONER, "_heads.", "_feature_projections.", *NORMALIZERS.values())
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -175,15 +176,24 @@ def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tens
     teachers = [dict(t) for t in args.get("teachers") or []]
     extras = args.get("radio_lit") or {}
     per_teacher = bool(args.get("cls_token_per_teacher"))
-    unique = len({t["name"] for t in teachers})  # NVlabs: a token per teacher *name*
+    # NVlabs counts one token per unique teacher name (radio_model.create_model_from_args).
+    unique = len({t["name"] for t in teachers})
     num_cls = int(extras.get("num_cls_tokens", unique if per_teacher else 1))
+    first: dict[str, dict[str, Any]] = {}
     for index, teacher in enumerate(teachers):
         teacher.setdefault("use_summary", True)
         teacher.setdefault("token_slot", index if per_teacher and num_cls > 1 else 0)
         for group in ("_heads", "_feature_projections"):  # heads saved by teacher index
             old, new = f"{group}.{index}.", f"{group}.{teacher['name']}."
             for key in [k for k in state if k.startswith(old)]:
-                state[new + key[len(old) :]] = state.pop(key)
+                value = state.pop(key)
+                if teacher["name"] not in first:  # a later entry of a name: NVlabs reads none
+                    state[new + key[len(old) :]] = value
+        first.setdefault(teacher["name"], teacher)
+    # NVlabs' loader takes a name's first entry (hubconf.radio_model's adaptor lookup).
+    teachers = list(first.values())
+    for teacher in teachers:
+        _refuse_other_heads(path, args, teacher, state)
     kept = {k: v for k, v in state.items() if k.startswith(_KEPT)}
     model, kwargs = timm_architecture(args.get("model"), args.get("model_kwargs") or {})
     architecture = {"model": model, "model_kwargs": kwargs}
@@ -226,6 +236,33 @@ def timm_architecture(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[
     return base, {**fixed, **kwargs}
 
 
+def _refuse_other_heads(
+    path: Path, args: Mapping[str, Any], teacher: Mapping[str, Any], state: Mapping[str, Tensor]
+) -> None:
+    """Refuse, in one line naming the head kind, an adaptor head radio-lit cannot import: MLP v1
+    (``mlp_version``), ``attn`` or other non-v2 feature heads (``spatial_mlp_version``) or an
+    upsampling feature head (``fd_upsample_factor``), each per teacher entry or from ``args``
+    as NVlabs' ``radio/adaptor_generic.py`` ``GenericAdaptor`` reads them."""
+    name = teacher["name"]
+    summary = teacher.get("mlp_version", args.get("mlp_version") or "v2")
+    feature = teacher.get("spatial_mlp_version", args.get("spatial_mlp_version") or summary)
+    ups = teacher.get("fd_upsample_factor")
+    kinds = []
+    if summary != "v2" and any(k.startswith(f"_heads.{name}.") for k in state):
+        kinds.append(f"an MLP {summary} summary head (mlp_version: {summary})")
+    if any(k.startswith(f"_feature_projections.{name}.") for k in state):
+        if feature != "v2":
+            kinds.append(f"a {feature!r} feature head (spatial_mlp_version: {feature})")
+        if ups not in (None, 1):
+            kinds.append(f"an upsampling feature head (fd_upsample_factor: {ups})")
+    if kinds:
+        raise ValueError(
+            f"model.init_from: {path} ships {' and '.join(kinds)} for teacher {name!r}, which "
+            "radio-lit cannot import (it reads NVlabs' MLP v2 heads only); remove that teacher's "
+            f"args.teachers entry and its _heads/_feature_projections keys from a copy of the file"
+        )
+
+
 def _plain(args: Mapping[str, Any]) -> dict[str, Any]:
     """``args`` with JSON values only (dtypes and other objects as strings)."""
     return json.loads(json.dumps(dict(args), default=str))
@@ -237,7 +274,8 @@ def _timm_heads(model: Any, kwargs: Mapping[str, Any]) -> int | None:
 
     if not isinstance(model, str) or model not in timm.list_models():
         return None
-    known = {k: v for k, v in kwargs.items() if k in ("depth", "embed_dim", "num_heads")}
+    known = {k: v for k, v in kwargs.items()
+             if k in ("depth", "embed_dim", "num_heads", "patch_size")}  # fmt: skip
     with torch.device("meta"):
         vit = timm.create_model(model, pretrained=False, weight_init="skip", **known)
     return int(vit.blocks[0].attn.num_heads) if hasattr(vit, "blocks") else None
@@ -336,6 +374,9 @@ def _from_nvlabs_hf(weights: Mapping[str, Tensor], config: Mapping[str, Any]) ->
             state[BASE + key[len("model.") :]] = value
         elif key.startswith(CONDITIONER):
             state[key] = value
+        elif key.startswith(("feature_normalizer.", "inter_feature_normalizer.")):
+            # RADIOModel's attributes (radio/radio_model.py) -> hubconf's checkpoint names
+            state["_" + key.replace("inter_feature", "intermediate_feature")] = value
         elif key.startswith("adaptors."):
             _, name, mlp, rest = key.split(".", 3)
             group = {"head_mlp": "_heads", "feat_mlp": "_feature_projections"}.get(mlp)

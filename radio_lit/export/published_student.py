@@ -14,9 +14,11 @@ What is read (:mod:`radio_lit.export.published`): the timm model and its ``model
 (NVlabs' ``args``, a timm folder's ``architecture`` and ``model_args``; for transformers'
 ``RadioModel`` its widths on ``vit_base_patch16_224``), the CPE grid (``max_resolution``),
 the summary tokens (one per teacher, named by them, where the source has one per teacher) and
-registers, whether there is a final norm. The weights are not loaded here: ``init_from``
-loads them. ``[choice]``: NVlabs' grid is resized as its inference code does
-(``cpe_align_corners: false``), which RADIO's layout needs and the import reproduces.
+registers, whether there is a final norm, the feature normalizers (``_feature_normalizer.*``,
+``_intermediate_feature_normalizer.*``: :mod:`radio_lit.students.feature_normalizer`). The
+weights are not loaded here: ``init_from`` loads them. ``[choice]``: NVlabs' grid is resized
+as its inference code does (``cpe_align_corners: false``), which RADIO's layout needs and the
+import reproduces.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def published_architecture(published: Published) -> dict[str, Any]:
         }
     if not any(k.startswith("base_model.norm.") for k in state):
         kwargs["final_norm"] = False
-    names = [t["name"] for t in published.teachers]
+    names = list(dict.fromkeys(t["name"] for t in published.teachers))  # NVlabs: unique names
+    inter = state.get("_intermediate_feature_normalizer.means")
+    rotation = state.get("_intermediate_feature_normalizer.rotation")
     return {
         "model": model,
         "model_kwargs": kwargs,
@@ -59,6 +63,9 @@ def published_architecture(published: Published) -> dict[str, Any]:
         "summary_tokens": names if num_cls == len(names) > 1 else None,
         "num_registers": int(state[PREFIX_TOKENS].shape[0]) - num_cls,
         "cpe_align_corners": False,
+        "feature_normalizer": "_feature_normalizer.mean" in state,
+        "intermediate_normalizers": 0 if inter is None else int(inter.shape[0]),
+        "intermediate_rotation_per_layer": rotation is not None and rotation.ndim == 3,
     }
 
 

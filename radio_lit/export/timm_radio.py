@@ -131,6 +131,13 @@ def timm_incompatibilities(model: RadioLitModel) -> list[str]:
             "model.student.init_args.num_registers: 1 or more (C-RADIOv4-H has 10 prefix "
             "tokens)"
         )
+    if getattr(model, "_feature_normalizer", None) is not None:
+        problems.append(
+            "the model whitens its features with the published model's feature normalizer "
+            "(_feature_normalizer.*, radio_v2.5-h-norm), which timm's C-RADIO classes do not "
+            "have (timm's _convert_radio drops it), so the features would be wrong: export with "
+            "--format radio, hf or safetensors"
+        )
     if extras["cpe_align_corners"]:
         problems.append(
             "the student resizes its CPE grid with align_corners=True at inference, "

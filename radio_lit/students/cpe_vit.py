@@ -51,6 +51,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from radio_lit.students.base import Student, StudentOutput
+from radio_lit.students.feature_normalizer import FeatureNormalizer, IntermediateFeatureNormalizer
 from radio_lit.students.spectral_reparam import enable_spectral_reparam
 from radio_lit.students.vitdet import (
     default_num_windowed,
@@ -177,6 +178,12 @@ class CPEViT(Student):
             rank and after a resume (:meth:`begin_step`,
             :func:`~radio_lit.students.vitdet.windowed_step`). 1: every step (the default).
             Evaluation and export follow ``vitdet_eval_window_size`` whatever it is.
+        feature_normalizer: a published model's fixed feature whitening on the patch features
+            (``(f - mean) txᵀ``, buffers loaded by ``init_from``;
+            :mod:`radio_lit.students.feature_normalizer`).
+        intermediate_normalizers: layers of the published model's intermediate normalizer
+            (0: none), carried into exports, not applied.
+        intermediate_rotation_per_layer: whether it has one rotation per layer.
     """
 
     def __init__(
@@ -202,6 +209,9 @@ class CPEViT(Student):
         vitdet_num_windowed: int | None = None,
         vitdet_eval_window_size: int | None = None,
         vitdet_probability: float = 1.0,
+        feature_normalizer: bool = False,
+        intermediate_normalizers: int = 0,
+        intermediate_rotation_per_layer: bool = False,
     ) -> None:
         super().__init__()
         vit = _timm_vit(model, pretrained, dict(model_kwargs or {}))
@@ -257,6 +267,15 @@ class CPEViT(Student):
         self.norm_pre = vit.norm_pre
         self.blocks = vit.blocks
         self.norm = vit.norm
+        # A published model's fixed feature whitening (students.feature_normalizer): buffers.
+        self.feature_normalizer = FeatureNormalizer(self.embed_dim) if feature_normalizer else None
+        self.intermediate_normalizer = (
+            IntermediateFeatureNormalizer(
+                intermediate_normalizers, self.embed_dim, intermediate_rotation_per_layer
+            )
+            if intermediate_normalizers
+            else None
+        )
         config = vit.pretrained_cfg or {}
         self.pixel_mean: Triple = tuple(pixel_mean or config.get("mean", IMAGENET_DEFAULT_MEAN))
         self.pixel_std: Triple = tuple(pixel_std or config.get("std", IMAGENET_DEFAULT_STD))
@@ -451,7 +470,10 @@ class CPEViT(Student):
         x = torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1)
         num_prefix = self.num_cls_tokens + self.num_registers
         x = self.norm(self.run_blocks(self.norm_pre(x), num_prefix, (h, w)))
+        features = x[:, num_prefix:]
+        if self.feature_normalizer is not None:  # NVlabs: features only, before the adaptors
+            features = self.feature_normalizer(features)
         return StudentOutput(
             summary=x[:, : self.num_cls_tokens],
-            features=x[:, num_prefix:].reshape(batch, h, w, dim),
+            features=features.reshape(batch, h, w, dim),
         )

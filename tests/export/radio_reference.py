@@ -27,9 +27,14 @@ V2_KEYS = {"fc1.weight", "fc1.bias", "final.0.weight", "final.0.bias", "final.2.
 
 def timm_vit(args: Any) -> Any:
     """The timm ViT ``create_model_from_args`` starts from."""
+    from tests.export.nvlabs_files import NVLABS_ONLY
+
     kwargs = dict(args.model_kwargs)
     kwargs.pop("weight_init", None)
-    return timm.create_model(args.model, pretrained=False, num_classes=args.num_classes, **kwargs)
+    model = args.model
+    if model in NVLABS_ONLY:  # registered by NVlabs' radio/extra_timm_models.py, not by timm
+        kwargs, model = {**NVLABS_ONLY[model], **kwargs}, "vit_base_patch16_224"
+    return timm.create_model(model, pretrained=False, num_classes=args.num_classes, **kwargs)
 
 
 def token_layout(args: Any) -> tuple[int, int]:
@@ -78,7 +83,9 @@ def reference_forward(
     features [B, h w, D]), <teacher>: (summary, features [B, h w, C])}``."""
     args, state = checkpoint["args"], checkpoint["state_dict"]
     vit = timm_vit(args).eval()
-    base = {k[len("base_model.") :]: v for k, v in state.items() if k.startswith("base_model.")}
+    # dinov2_arch.LayerScale loads 'gamma' or 'grandma' (its _load_from_state_dict).
+    base = {k[len("base_model.") :].replace(".grandma", ".gamma"): v for k, v in state.items()
+            if k.startswith("base_model.")}  # fmt: skip
     vit.load_state_dict({k: v for k, v in base.items() if not k.startswith("patch_generator.")},
                         strict=False)  # fmt: skip
     patch = vit.patch_embed.patch_size[0]
@@ -110,13 +117,21 @@ def reference_forward(
         summary_idxs = sorted(first.values())
     else:
         summary_idxs = [0]
+    if "_feature_normalizer.mean" in state:  # RADIOModel._extract_final: features only
+        mean, tx = state["_feature_normalizer.mean"], state["_feature_normalizer.tx"]
+        features = (features - mean) @ tx.T
     outputs = {"backbone": (all_summary[:, summary_idxs].flatten(1), features)}
     for i, t in enumerate(args.teachers):
+        name = t["name"]
+        if name in outputs:  # hubconf's adaptor lookup stops at a name's first entry
+            continue
         slot = t.get("token_slot", i) if args.cls_token_per_teacher else 0
         summary = all_summary[:, slot]
-        name = t["name"]
+        # hubconf: an adaptor's state under _heads.<tidx> or _heads.<name>
+        by = name if f"_feature_projections.{name}.fc1.weight" in state else i
+        has_summary = t.get("use_summary", True) and f"_heads.{by}.fc1.weight" in state
         outputs[name] = (
-            _mlp_v2(state, f"_heads.{name}.", summary),
-            _mlp_v2(state, f"_feature_projections.{name}.", features),
+            _mlp_v2(state, f"_heads.{by}.", summary) if has_summary else None,
+            _mlp_v2(state, f"_feature_projections.{by}.", features),
         )
     return outputs
