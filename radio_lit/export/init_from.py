@@ -215,13 +215,19 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
     if not differ:
         return
     named = published.architecture
+    kwargs = dict(named.get("model_kwargs") or {})
+    if "final norm" in differ:  # a source without a final LayerNorm (C-RADIOv4) or with one
+        kwargs["final_norm"] = source["final norm"]
+    names = [t["name"] for t in published.teachers]
+    per_teacher = num_cls == len(names) > 1  # fit takes those as summary_tokens, by name
     hint = ", ".join(
         f"{k}: {v}"
         for k, v in (
             ("model", named.get("model")),
-            ("model_kwargs", named.get("model_kwargs") or None),
+            ("model_kwargs", kwargs or None),
             ("max_resolution", source["grid"] * source["patch"]),
-            ("num_cls_tokens", num_cls),
+            ("summary_tokens" if per_teacher else "num_cls_tokens",
+             names if per_teacher else num_cls),
             ("num_registers", source["registers"]),
         )
         if v is not None
