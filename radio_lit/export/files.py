@@ -245,7 +245,9 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
         )
     if "radio_lit" not in settings:
         raise ValueError(
-            f"{path} was not written by radio-lit export (no radio_lit config); load NVlabs/RADIO "
-            "checkpoints with torch.hub.load('NVlabs/RADIO', 'radio_model', version=...)"
+            f"{path} was not written by radio-lit export (no radio_lit config): start a run "
+            "from it with model.init_from, or as a RADIOTeacher set loader: torch_hub, "
+            "hub_repo: <a clone of NVlabs/RADIO>, trust_remote_code: true (NVlabs' code "
+            "needs einops)"
         )
     return RadioLitModel.from_radio(settings, state, pad=pad)
