@@ -14,7 +14,10 @@ each shipped adaptor head onto the run's teacher of the same name, or of the nam
 head start fresh, listed in one log line. An imported feature head predicts in its teacher's
 space until the run's statistics are estimated, and is then composed with its normalizer
 (:class:`~radio_lit.export.head_spaces.ImportedHeads`). The student's architecture must be the
-source's: another is refused in one line naming both.
+source's: another is refused in one line naming both. The student so built computes the
+source's function in eval mode (to float rounding); a training forward draws random CPE
+windows (:mod:`radio_lit.students.cpe_vit`), so its first outputs are near the source's, not
+equal.
 
 Usage::
 
