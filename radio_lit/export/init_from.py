@@ -229,8 +229,10 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
             ("model", named.get("model")),
             ("model_kwargs", kwargs or None),
             ("max_resolution", source["grid"] * source["patch"]),
-            ("summary_tokens" if per_teacher else "num_cls_tokens",
-             names if per_teacher else num_cls),
+            (
+                "summary_tokens" if per_teacher else "num_cls_tokens",
+                names if per_teacher else num_cls,
+            ),
             ("num_registers", source["registers"]),
         )
         if v is not None

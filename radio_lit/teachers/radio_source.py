@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import copy
 import os
-from importlib.util import find_spec
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any
 
 import torch
