@@ -211,6 +211,8 @@ def model_card(
         f"outputs = model(images)  # [B, 3, H, W] in [0, 1], H and W multiples of "
         f"{extras['patch_size']}",
         'outputs["backbone"].summary, outputs["backbone"].features  # [B, D], [B, h, w, D]',
+        "# NVlabs' loader's backbone summary (its summary_idxs tokens concatenated, [B, k D]):",
+        '# radio_lit.load(..., backbone_summary="summary_idxs")',
         "```",
         "",
         "Without `import radio_lit`, transformers asks for `trust_remote_code=True`: the "

@@ -173,7 +173,8 @@ def radio_incompatibilities(config: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"the student has {extras['num_cls_tokens']} summary tokens; RADIO has one shared "
             f"token or one per teacher ({len(teachers)}, SAM included): train with "
-            f"model.student.init_args.num_cls_tokens: {len(teachers)}"
+            f"model.student.init_args.summary_tokens: {[t['name'] for t in teachers]} "
+            "(one token per teacher, num_cls_tokens left out)"
         )
     if not extras.get("timm_class_token", True):
         problems.append(

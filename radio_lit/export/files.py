@@ -206,7 +206,12 @@ def hub_snapshot(repo_id: str) -> Path:
     return Path(folder)
 
 
-def load(path: str | Path, pad: bool = False, config: str | Path | None = None) -> RadioLitModel:
+def load(
+    path: str | Path,
+    pad: bool = False,
+    config: str | Path | None = None,
+    backbone_summary: str = "first",
+) -> RadioLitModel:
     """The inference model of an export, a training checkpoint or a Hugging Face model, in eval
     mode on the CPU.
 
@@ -223,7 +228,16 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
         pad: accept any resolution, zero-padding the normalized image to a multiple of the
             patch size; otherwise ``H`` and ``W`` must be multiples of it.
         config: for a ``.ckpt``, the run's config (default: its ``config.yaml``).
+        backbone_summary: ``"first"``: ``outputs["backbone"].summary`` is the first summary
+            token, ``[B, D]``; ``"summary_idxs"``: NVlabs' loader's, the summary teachers'
+            tokens concatenated, ``[B, k D]`` (C-RADIOv4: ``k = 2``).
     """
+    model = _load(path, pad, config)
+    model.backbone_summary = backbone_summary
+    return model
+
+
+def _load(path: str | Path, pad: bool, config: str | Path | None) -> RadioLitModel:
     path = model_file(path)
     if path.suffix == ".ckpt" or (path / ".metadata").is_file():  # a file or sharded folder
         from radio_lit.export.checkpoint import checkpoint_inference_model
@@ -245,7 +259,9 @@ def load(path: str | Path, pad: bool = False, config: str | Path | None = None) 
         )
     if "radio_lit" not in settings:
         raise ValueError(
-            f"{path} was not written by radio-lit export (no radio_lit config); load NVlabs/RADIO "
-            "checkpoints with torch.hub.load('NVlabs/RADIO', 'radio_model', version=...)"
+            f"{path} was not written by radio-lit export (no radio_lit config): start a run "
+            "from it with model.init_from, or as a RADIOTeacher set loader: torch_hub, "
+            "hub_repo: <a clone of NVlabs/RADIO>, trust_remote_code: true (NVlabs' code "
+            "needs einops)"
         )
     return RadioLitModel.from_radio(settings, state, pad=pad)

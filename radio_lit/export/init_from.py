@@ -14,7 +14,10 @@ each shipped adaptor head onto the run's teacher of the same name, or of the nam
 head start fresh, listed in one log line. An imported feature head predicts in its teacher's
 space until the run's statistics are estimated, and is then composed with its normalizer
 (:class:`~radio_lit.export.head_spaces.ImportedHeads`). The student's architecture must be the
-source's: another is refused in one line naming both.
+source's: another is refused in one line naming both. The student so built computes the
+source's function in eval mode (to float rounding); a training forward draws random CPE
+windows (:mod:`radio_lit.students.cpe_vit`), so its first outputs are near the source's, not
+equal.
 
 Usage::
 
@@ -216,13 +219,21 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
     if not differ:
         return
     named = published.architecture
+    kwargs = dict(named.get("model_kwargs") or {})
+    if "final norm" in differ:  # a source without a final LayerNorm (C-RADIOv4) or with one
+        kwargs["final_norm"] = source["final norm"]
+    names = [t["name"] for t in published.teachers]
+    per_teacher = num_cls == len(names) > 1  # fit takes those as summary_tokens, by name
     hint = ", ".join(
         f"{k}: {v}"
         for k, v in (
             ("model", named.get("model")),
-            ("model_kwargs", named.get("model_kwargs") or None),
+            ("model_kwargs", kwargs or None),
             ("max_resolution", source["grid"] * source["patch"]),
-            ("num_cls_tokens", num_cls),
+            (
+                "summary_tokens" if per_teacher else "num_cls_tokens",
+                names if per_teacher else num_cls,
+            ),
             ("num_registers", source["registers"]),
         )
         if v is not None

@@ -202,7 +202,11 @@ class RadioLitModel(nn.Module):
     ``{"backbone": TeacherOutput(summary [B, D], features [B, h, w, D]),
     <teacher>: TeacherOutput(summary [B, C_s] | None, features [B, h, w, C])}`` with ``h, w``
     the patch grid; the backbone summary is the first summary token, each teacher's outputs
-    are in its own space (normalizer folded into the heads, PHI-S A.6).
+    are in its own space (normalizer folded into the heads, PHI-S A.6). With
+    ``backbone_summary="summary_idxs"`` (``radio_lit.load(path,
+    backbone_summary="summary_idxs")``) it is NVlabs' loader's instead, ``[B, k D]``: the
+    summary tokens of the ``k`` summary teachers concatenated in token order (``summary_idxs``,
+    NVlabs/RADIO ``hubconf.py`` and ``RADIOModel.forward``; one token: ``[B, D]``).
 
     Build it with :func:`radio_lit.load` (a file) or :func:`radio_lit.export.inference_model`
     (a training module); :meth:`from_radio` builds it from a config and state dict.
@@ -216,6 +220,7 @@ class RadioLitModel(nn.Module):
             a constant-zero placeholder, as RADIO's loader requires one).
         feature_projections: feature heads by teacher name.
         pad: accept any resolution by padding (see above).
+        backbone_summary: ``"first"`` (``[B, D]``) or ``"summary_idxs"`` (NVlabs', above).
     """
 
     def __init__(
@@ -228,6 +233,7 @@ class RadioLitModel(nn.Module):
         pad: bool = False,
         feature_normalizer: FeatureNormalizer | None = None,
         intermediate_normalizer: IntermediateFeatureNormalizer | None = None,
+        backbone_summary: str = "first",
     ) -> None:
         super().__init__()
         self.config = config
@@ -247,7 +253,25 @@ class RadioLitModel(nn.Module):
         self.summary_slots = {
             t["name"]: int(t["token_slot"]) for t in config["teachers"] if t["use_summary"]
         }
+        #: NVlabs' summary_idxs: the summary teachers' tokens, sorted (one token: ``[0]``)
+        slots = sorted(set(self.summary_slots.values()))
+        self.summary_idxs = slots if self.num_cls_tokens > 1 and slots else [0]
+        self.backbone_summary = backbone_summary
         self.eval()
+
+    @property
+    def backbone_summary(self) -> str:
+        """How ``outputs["backbone"].summary`` is read: ``"first"`` or ``"summary_idxs"``."""
+        return self._backbone_summary
+
+    @backbone_summary.setter
+    def backbone_summary(self, value: str) -> None:
+        if value not in ("first", "summary_idxs"):
+            raise ValueError(
+                f"backbone_summary={value!r}: use 'first' (the first summary token, [B, D]) or "
+                "'summary_idxs' (NVlabs' loader's, the summary teachers' tokens concatenated)"
+            )
+        self._backbone_summary = value
 
     @property
     def teacher_names(self) -> list[str]:
@@ -328,7 +352,11 @@ class RadioLitModel(nn.Module):
         features = tokens[:, self.num_prefix :].reshape(batch, h, w, dim)
         if self._feature_normalizer is not None:
             features = self._feature_normalizer(features)
-        outputs = {"backbone": TeacherOutput(summary=summary[:, 0], features=features)}
+        if self.backbone_summary == "summary_idxs":
+            backbone = summary[:, self.summary_idxs].flatten(1)  # [B, k D], NVlabs' order
+        else:
+            backbone = summary[:, 0]
+        outputs = {"backbone": TeacherOutput(summary=backbone, features=features)}
         for name, projection in self._feature_projections.items():
             slot = self.summary_slots.get(name)
             outputs[name] = TeacherOutput(

@@ -34,6 +34,7 @@ import os
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any
 
 import torch
@@ -256,6 +257,11 @@ def load_radio(
             f"RADIOTeacher: loading {model!r} with {loader} runs the Python code of {where!r}; "
             "set trust_remote_code: true to allow it (or use a radio-lit export file, or "
             "loader: transformers with backend: native for the backbone)."
+        )
+    if find_spec("einops") is None:  # NVlabs/RADIO's radio/adaptor_*.py import it
+        raise ImportError(
+            f"RADIOTeacher: NVlabs/RADIO's code that loader: {loader} runs imports einops, "
+            "which is not installed: pip install einops"
         )
     if loader == "torch_hub":
         local = os.path.isdir(os.path.expanduser(hub_repo))

@@ -133,3 +133,54 @@ def test_the_adapt_twin_starts_as_the_model_it_continues(caplog):
     logged = " ".join(r.getMessage() for r in caplog.records if "model.init_from" in r.getMessage())
     assert "heads imported {'clip': 'clip', 'dino': 'dino', 'sam': 'sam'}" in logged
     assert "start fresh: ['quickstart']" in logged
+
+
+@pytest.fixture(scope="module")
+def c_radio_layout(tmp_path_factory) -> Path:
+    """A stand-in for C-RADIOv4-H in NVlabs' layout with the real recipe's token layout (3
+    summary tokens named for siglip2-g, dino_v3 and sam3, 7 registers, no final norm, a
+    128 x 128 CPE grid, patch embedding without bias) at the recipe's CPU size (width 64,
+    depth 2), its heads from tiny teachers of the release's names (sam3 without summary)."""
+    import torch
+
+    from benchmarks.gpu_check import CPU_STUDENT
+    from radio_lit.export import module_inference_model, save_radio
+    from radio_lit.module import DistillationModule
+    from radio_lit.students import CPEViT
+    from tests.teachers.tiny import tiny_clip_teacher, tiny_sam_teacher
+
+    init = raw(ADAPT[0])["model"]["student"]["init_args"]  # the recipe's, at CPU size
+    student = CPEViT(**{**init, "model_kwargs": {**init.get("model_kwargs", {}), **CPU_STUDENT}})
+    assert (student.num_cls_tokens, student.num_registers, student.grid_side) == (3, 7, 128)
+    torch.manual_seed(0)
+    teachers = {"siglip2-g": tiny_clip_teacher(), "dino_v3": tiny_clip_teacher(),
+                "sam3": tiny_sam_teacher(resolution=64)}  # fmt: skip
+    module = DistillationModule(student=student, teachers=teachers, student_resolution=64)
+    path = tmp_path_factory.mktemp("c-radio") / "C-RADIOv4-H.pth"
+    return save_radio(module_inference_model(module.eval()), path)
+
+
+def test_the_real_size_adapt_recipe_exports_in_nvlabs_layout(c_radio_layout, monkeypatch, tmp_path):  # noqa: E501
+    """The real adapt recipe (its token layout; reduced width and depth), started from a file
+    of that layout, is exported in NVlabs' layout: its own backbone's entry (``c-radio``) is
+    no NVlabs teacher, so the 3 summary tokens meet the release's teachers, and radio_lit.load
+    reads it back as the published model (nothing trained)."""
+    import torch
+
+    import radio_lit
+    import tests.published_stand_in as stand_in
+    from radio_lit.export import module_inference_model, read_radio, save_radio
+    from tests.configs.shipped import cpu_sized
+
+    monkeypatch.setattr(stand_in, "radio_stand_in", lambda adaptors: c_radio_layout)
+    module = cpu_sized(ADAPT[0]).model
+    assert module.imported_heads.backbones() == ["c-radio"]
+    path = save_radio(module_inference_model(module.eval()), tmp_path / "exported.pth")
+    config, _ = read_radio(path)
+    assert [t["name"] for t in config["teachers"]] == ["siglip2-g", "dino_v3", "sam3"]
+    exported, source = radio_lit.load(path), radio_lit.load(c_radio_layout)
+    images = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = exported(images), source(images)
+    for name, output in want.items():
+        torch.testing.assert_close(got[name].features, output.features, rtol=1e-5, atol=1e-5)

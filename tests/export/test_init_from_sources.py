@@ -210,3 +210,20 @@ def test_an_nvlabs_hugging_face_folder(trained, exported, tmp_path):
     want = own_outputs(trained, images)
     del want["backbone"]
     assert_reproduces(outputs_in_teacher_space(module, images), want)
+
+
+def test_a_student_with_a_final_norm_is_told_the_source_has_none(tmp_path):
+    """C-RADIOv4 has no final LayerNorm (transformers' RadioModel none either): the refusal's
+    settings name ``final_norm``, so following them builds the student (no loop)."""
+    from transformers import RadioConfig, RadioModel
+
+    config = RadioConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, patch_size=16,
+        max_img_size=256, num_cls_tokens=3, num_registers=2, summary_idxs=[0, 1],
+    )  # fmt: skip
+    RadioModel(config).save_pretrained(tmp_path / "c-radio")
+    with_norm = tiny_student(max_resolution=256, model_kwargs=TRUNK, num_cls_tokens=3,
+                             num_registers=2, cpe_align_corners=False)  # fmt: skip
+    with pytest.raises(ValueError, match="final norm False.*'final_norm': False"):
+        tiny_module(student=with_norm, init_from=str(tmp_path / "c-radio"))
+    tiny_module(student=c_radio_student(), init_from=str(tmp_path / "c-radio"))

@@ -177,3 +177,25 @@ def test_a_refit_forgets_the_moments_of_the_layer_it_composes(source, tmp_path):
     # step 0: no update yet; step 1: refit, dropped; steps 2-3: estimation over, rebuilt
     assert moments.composed == [False, False, True, True]
     assert moments.untouched == [False, True, True, True]
+
+
+def test_load_gives_nvlabs_backbone_summary_on_request(exported):
+    """NVlabs' loader's backbone summary is the summary teachers' tokens concatenated
+    (NVlabs/RADIO hubconf.py: ``summary_idxs`` = the sorted token indices of the teachers with
+    ``use_summary``; radio/radio_model.py ``RADIOModel``: ``all_summary[:, summary_idxs]``
+    flattened): here CLIP's and DINO's tokens, ``[B, 2 D]``, not SAM's."""
+    path = exported / "student.pth"
+    first = radio_lit.load(path)
+    nvlabs = radio_lit.load(path, backbone_summary="summary_idxs")
+    assert nvlabs.summary_idxs == [0, 1]
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want, got = first(images), nvlabs(images)
+        dim = want["backbone"].summary.shape[1]
+        summary = got["backbone"].summary
+        assert summary.shape == (2, 2 * dim)
+        torch.testing.assert_close(summary[:, :dim], want["backbone"].summary)
+        for name, part in (("clip", summary[:, :dim]), ("dino", summary[:, dim:])):
+            torch.testing.assert_close(first._heads[name](part), want[name].summary)
+    with pytest.raises(ValueError, match="backbone_summary='mean'.*'summary_idxs'"):
+        radio_lit.load(path, backbone_summary="mean")

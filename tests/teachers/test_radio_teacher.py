@@ -353,3 +353,20 @@ def test_an_adaptor_trained_without_a_summary_gives_none(
     assert _nvlabs(nvlabs_clone, "up", model=model, summary=False).summary_dim is None
     with pytest.raises(ValueError, match="without a summary term.*summary: false"):
         _nvlabs(nvlabs_clone, "sam", model=model, summary=True)
+
+
+def test_an_nvlabs_file_with_loader_export_is_pointed_at_the_config_that_works(nvlabs_model):
+    """NVlabs' own file is no radio-lit export: the refusal names the teacher settings that
+    load it (NVlabs' code by torch_hub, and its einops) and model.init_from as a start."""
+    hub_file, _ = nvlabs_model
+    works = "loader: torch_hub, hub_repo: .*trust_remote_code: true .*einops"
+    with pytest.raises(ValueError, match=f"not written by radio-lit export.*init_from.*{works}"):
+        RADIOTeacher(str(hub_file))  # loader: export, the default
+
+
+def test_nvlabs_code_without_einops_is_refused_naming_it(monkeypatch) -> None:
+    import radio_lit.teachers.radio_source as source
+
+    monkeypatch.setattr(source, "find_spec", lambda name: None if name == "einops" else 1)
+    with pytest.raises(ImportError, match="imports einops.*pip install einops"):
+        RADIOTeacher("nvidia/C-RADIOv3-H", loader="torch_hub", trust_remote_code=True)
