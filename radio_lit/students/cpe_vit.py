@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from radio_lit.students.base import Student, StudentOutput
+from radio_lit.students.packing import packed_forward
 from radio_lit.students.spectral_reparam import enable_spectral_reparam
 from radio_lit.students.vitdet import (
     default_num_windowed,
@@ -434,8 +436,9 @@ class CPEViT(Student):
         return run_windowed(self.blocks, tokens, num_prefix, hw, window, self.windowed)
 
     # -- forward ------------------------------------------------------------------------------
-    def forward(self, images: Tensor) -> StudentOutput:
-        """Normalized images ``[B, 3, H, W]`` (H, W multiples of the patch) -> StudentOutput."""
+    def embed(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Normalized images ``[B, 3, H, W]`` -> tokens ``[B, P + h * w, D]`` (summary tokens,
+        registers, then the patches with their position embeddings, row-major) and ``(h, w)``."""
         height, width = images.shape[-2:]
         if height % self.patch_size or width % self.patch_size:
             raise ValueError(
@@ -448,7 +451,20 @@ class CPEViT(Student):
         prefix = [self.cls_token.expand(batch, -1, -1)]
         if self.registers is not None:
             prefix.append(self.registers.expand(batch, -1, -1))
-        x = torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1)
+        return torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1), (h, w)
+
+    def forward(
+        self, images: Tensor | Sequence[Tensor], kernel: str | None = None
+    ) -> StudentOutput | list[StudentOutput]:
+        """Normalized images ``[B, 3, H, W]`` (H, W multiples of the patch) -> StudentOutput.
+
+        A list of such batches (of any resolutions) runs as one packed forward
+        (:func:`~radio_lit.students.packing.packed_forward` with attention ``kernel``, default
+        ``sdpa_mask``) and gives one output per batch, as one forward per batch would."""
+        if not isinstance(images, Tensor):
+            return packed_forward(self, list(images), kernel or "sdpa_mask")
+        x, (h, w) = self.embed(images)
+        batch, dim = x.shape[0], x.shape[-1]
         num_prefix = self.num_cls_tokens + self.num_registers
         x = self.norm(self.run_blocks(self.norm_pre(x), num_prefix, (h, w)))
         return StudentOutput(
