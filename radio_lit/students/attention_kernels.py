@@ -119,8 +119,13 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, lengths: Sequence[int]) -> Tensor:
     longest = max(lengths)
     # varlen_attn takes [N, H, d]; the packed sequence is [1, H, N, d].
     out = varlen_attn(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-        offsets, offsets, longest, longest,
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        offsets,
+        offsets,
+        longest,
+        longest,
     )
     return out.transpose(0, 1).unsqueeze(0)
 
@@ -131,9 +136,10 @@ def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: Sequence[int]) -> Tensor:
     batch = [
         torch.stack([F.pad(p, (0, 0, 0, longest - p.shape[1])) for p in group]) for group in pieces
     ]  # [B, H, L, d]
-    valid = torch.arange(longest, device=q.device)[None, :] < torch.tensor(
-        list(lengths), device=q.device
-    )[:, None]
+    valid = (
+        torch.arange(longest, device=q.device)[None, :]
+        < torch.tensor(list(lengths), device=q.device)[:, None]
+    )
     out = F.scaled_dot_product_attention(*batch, attn_mask=valid[:, None, None, :])
     return torch.cat([o[:, :n] for o, n in zip(out, lengths, strict=True)], dim=1).unsqueeze(0)
 

@@ -25,7 +25,12 @@ import torch
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
-from radio_lit.students.attention_kernels import block_attention, block_mask
+from radio_lit.students.attention_kernels import (
+    KERNELS,
+    block_attention,
+    block_mask,
+    choose_kernel,
+)
 from radio_lit.students.base import StudentOutput
 from radio_lit.students.vitdet import window_order
 
@@ -102,13 +107,17 @@ def packed_forward(student: Any, views: Sequence[Tensor], kernel: str) -> list[S
     for layout in {id(whole): whole, id(windowed): windowed}.values():
         if kernel == "sdpa_mask":
             layout.mask = block_mask(layout.lengths, device)
-    local = student.windowed if any(w is not None for w in windows) else [False] * len(student.blocks)
+    local = (
+        student.windowed if any(w is not None for w in windows) else [False] * len(student.blocks)
+    )
     for block, is_local in zip(student.blocks, local, strict=True):
         x = _block(block, x, windowed if is_local else whole, kernel)
     x = student.norm(x)[0]
     outputs, start = [], 0
     for batch, (h, w) in shapes:
-        part = x[start : start + batch * (num_prefix + h * w)].reshape(batch, num_prefix + h * w, -1)
+        part = x[start : start + batch * (num_prefix + h * w)].reshape(
+            batch, num_prefix + h * w, -1
+        )
         start += part.shape[0] * part.shape[1]
         outputs.append(
             StudentOutput(
@@ -144,3 +153,35 @@ def _layouts(
                 lengths += [window * window] * (h * w // (window * window))
             start += size
     return _Layout(None, whole), _Layout(torch.cat(index), lengths)
+
+
+class StudentPacking:
+    """``model.student_packing``: a rank's chunks of several resolutions (its partitions'
+    images, or one partition's) run as one packed student forward (:func:`packed_forward`).
+
+    Args:
+        kernel: the block-diagonal attention kernel (``sdpa_mask``, ``flex``, ``varlen``,
+            ``padded``); ``None``: chosen by device and head dim
+            (:func:`~radio_lit.students.attention_kernels.choose_kernel`).
+        measured: per head dim, each kernel's measured tokens/s on this run's GPU
+            (``benchmarks/packing.py`` on a GPU prints it); the fastest wins on CUDA.
+
+    The choice is printed once, at the first packed forward.
+    """
+
+    def __init__(
+        self, kernel: str | None = None, measured: dict[int, dict[str, float]] | None = None
+    ) -> None:
+        if kernel is not None and kernel not in KERNELS:
+            raise ValueError(f"unknown packed attention kernel {kernel!r}; pick one of {KERNELS}")
+        self.kernel, self.measured = kernel, measured
+        self.chosen: str | None = None
+
+    def kernel_for(self, student: Any, device: torch.device) -> str:
+        """The kernel for ``student``'s head dim on ``device``, chosen once and printed."""
+        if self.chosen is None:
+            head_dim = student.blocks[0].attn.head_dim
+            self.chosen = choose_kernel(device.type, head_dim, self.kernel, self.measured)
+            how = "configured" if self.kernel else "chosen by device and head dim"
+            print(f"packed student attention: {self.chosen} ({how}: {device.type}, {head_dim})")
+        return self.chosen

@@ -137,3 +137,33 @@ def test_packed_equals_per_resolution_on_cuda(kernel):
         packed = student(views, kernel)
     for a, b in zip(packed, per_res, strict=True):
         _close(a.features.float(), b.features.float(), rel=3e-2)
+
+
+def test_student_step_packs_a_ranks_partitions_into_one_forward(capsys):
+    """``model.student_packing`` through StudentStep: two partitions' chunks (as a rank of
+    the balanced layout runs them) in one forward give each chunk its own outputs, equal to
+    one forward per chunk, with this rank's forward stream (CPE windows, dropout)."""
+    from radio_lit.students.conditioner import StudentConditioner
+    from radio_lit.students.packing import StudentPacking
+    from radio_lit.training.partitions import Chunk
+    from radio_lit.training.student_step import StudentStep
+
+    student = tiny_student().train()
+    chunks = [
+        Chunk("low_res", torch.rand(3, 3, 64, 64), ("clip",), (32, 32), 1.0),
+        Chunk("high_res", torch.rand(1, 3, 64, 64), ("clip",), (64, 48), 1.0),
+    ]
+    outputs = {}
+    for packing in (None, StudentPacking()):
+        step = StudentStep(
+            16, (32, 32), StudentConditioner((0.5,) * 3, (0.25,) * 3), packing=packing
+        )
+        step.begin(student, step=3, rank=1)
+        outputs[packing is None] = step.forward(student, chunks, training=True)
+    assert "packed student attention: sdpa_mask (chosen by device and head dim: cpu, 16)" in (
+        capsys.readouterr().out
+    )
+    for a, b in zip(outputs[False], outputs[True], strict=True):
+        assert a.features.shape == b.features.shape
+        _close(a.features, b.features)
+        _close(a.summary, b.summary)
