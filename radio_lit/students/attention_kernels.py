@@ -13,11 +13,12 @@ own tokens (NaViT, Dehghani et al. 2023: attention block-diagonal per image). Ke
   that packing has to beat: UniRL #40).
 
 :func:`choose_kernel` picks one by device and head dim: on CPU ``sdpa_mask``; on CUDA the
-fastest in a measured table (``benchmarks/packing.py`` on a GPU writes one) for the head dim,
-else ``varlen`` if torch has it, else ``flex``. cuDNN (torch's varlen prefers it on some
-builds: pytorch #187770 measured it 4.7x slower on one encoder, #191576 no backward for some
-head dims such as C-RADIOv4's 72 and 80) is never the default without a measurement
-``[choice]``. ``model.student_packing.kernel`` overrides the choice; the choice is printed.
+fastest in a measured table (``benchmarks/packing.py`` on a GPU prints one) for the head dim,
+else ``padded`` ``[choice]``: torch's ``varlen_attn`` runs cuDNN on compute capability 9-10
+with cuDNN >= 9.18 (``torch.nn.attention.varlen._should_use_cudnn``, torch 2.14), which
+pytorch #187770 measured 4.7x slower on one encoder and #191576 found without a backward for
+some head dims (C-RADIOv4's are 72 and 80), and FlexAttention's document masks lose to padding
+below ~1k tokens (KempnerForge #207): neither is the default without a measurement. ``model.student_packing.kernel`` overrides the choice; the choice is printed.
 """
 
 from __future__ import annotations
@@ -83,10 +84,7 @@ def choose_kernel(
     rates = {k: v for k, v in (measured or {}).get(head_dim, {}).items() if k in offered}
     if rates:
         return max(rates, key=lambda k: rates[k])
-    for kernel in ("varlen", "flex", "padded"):
-        if kernel in offered:
-            return kernel
-    return "sdpa_mask"
+    return "padded"
 
 
 def block_mask(lengths: Sequence[int], device: torch.device) -> Tensor:
@@ -109,7 +107,16 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, lengths: Sequence[int]) -> Tensor:
 
     n = q.shape[-2]
     mask = create_block_mask(same_image, None, None, n, n, device=str(q.device))
-    return flex_attention(q, k, v, block_mask=mask)  # type: ignore[return-value]
+    # Fused only when compiled (eager materializes the scores): compiled on CUDA.
+    attend = _compiled_flex() if q.is_cuda else flex_attention
+    return attend(q, k, v, block_mask=mask)  # type: ignore[return-value]
+
+
+@cache
+def _compiled_flex():  # type: ignore[no-untyped-def]
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
 
 
 def _varlen(q: Tensor, k: Tensor, v: Tensor, lengths: Sequence[int]) -> Tensor:

@@ -110,13 +110,13 @@ def test_kernel_choice_by_device_and_measurement():
     """CUDA proxy: the choice from a fake capability table (what a GPU build offers)."""
     cuda = frozenset({"sdpa_mask", "flex", "varlen", "padded"})
     assert choose_kernel("cpu", 80) == "sdpa_mask"
-    assert choose_kernel("cuda", 80, available=cuda) == "varlen"
-    assert choose_kernel("cuda", 80, available=cuda - {"varlen"}) == "flex"
+    # Unmeasured: padding, never varlen (cuDNN inside on Hopper) nor flex.
+    assert choose_kernel("cuda", 80, available=cuda) == "padded"
     # KempnerForge #207's short sequences: padding measured faster than flex at head dim 72.
     measured = {72: {"flex": 0.72, "padded": 1.0, "cudnn": 9.0}, 80: {"varlen": 2.0, "flex": 2.3}}
     assert choose_kernel("cuda", 72, measured=measured, available=cuda) == "padded"
     assert choose_kernel("cuda", 80, measured=measured, available=cuda) == "flex"
-    assert choose_kernel("cuda", 64, measured=measured, available=cuda) == "varlen"
+    assert choose_kernel("cuda", 64, measured=measured, available=cuda) == "padded"
     assert choose_kernel("cuda", 80, override="padded", available=cuda) == "padded"
     with pytest.raises(ValueError, match="not available on cpu"):
         choose_kernel("cpu", 64, override="varlen")
