@@ -18,7 +18,8 @@ else ``padded`` ``[choice]``: torch's ``varlen_attn`` runs cuDNN on compute capa
 with cuDNN >= 9.18 (``torch.nn.attention.varlen._should_use_cudnn``, torch 2.14), which
 pytorch #187770 measured 4.7x slower on one encoder and #191576 found without a backward for
 some head dims (C-RADIOv4's are 72 and 80), and FlexAttention's document masks lose to padding
-below ~1k tokens (KempnerForge #207): neither is the default without a measurement. ``model.student_packing.kernel`` overrides the choice; the choice is printed.
+below ~1k tokens (KempnerForge #207): neither is the default without a measurement.
+``model.student_packing.kernel`` overrides the choice; the choice is printed.
 """
 
 from __future__ import annotations
