@@ -25,6 +25,7 @@ from radio_lit.students import Student, StudentOutput
 from radio_lit.students.conditioner import StudentConditioner
 from radio_lit.students.ema import EMAStudent, fill_missing_ema
 from radio_lit.students.heads import summary_token_slots, teacher_heads
+from radio_lit.students.packing import StudentPacking
 from radio_lit.students.sharding import DEFAULT_FSDP2, FSDP2, shard_module
 from radio_lit.students.spectral_reparam import spectral_step
 from radio_lit.teachers import Teacher, TeacherOutput
@@ -47,7 +48,7 @@ Matches = Mapping[str, matching.TeacherMatch]
 #: Modules and factories: in the CLI's config.yaml, not in checkpoints (weights_only loads).
 _NOT_HYPERPARAMETERS = ["student", "teachers", "normalizer", "normalizer_overrides", "loss"]
 _NOT_HYPERPARAMETERS += ["summary_loss", "balancer", "optimizer", "partitions", "shifts"]
-_NOT_HYPERPARAMETERS += ["damp", "mesa", "fsdp2"]
+_NOT_HYPERPARAMETERS += ["damp", "mesa", "fsdp2", "student_packing"]
 
 
 class DistillationModule(pl.LightningModule):
@@ -76,6 +77,7 @@ class DistillationModule(pl.LightningModule):
         shifts: shift-equivariant views (C-RADIOv4 report [C4] 2.3.1; radio_lit.geometry.shifts).
         damp: weight noise in training forwards (C4 2.4; radio_lit.students.damp).
         mesa: an EMA student and the MESA term (C4 2.3.2; radio_lit.students.ema).
+        student_packing: a rank's chunks in one forward (radio_lit.students.packing).
         compile: ``torch.compile`` the student and teachers (``true`` or its kwargs; compiling.py).
         fsdp2: how ``ModelParallelStrategy`` shards the student (radio_lit.students.sharding).
     """
@@ -104,6 +106,7 @@ class DistillationModule(pl.LightningModule):
         shifts: PatchShifts | None = None,
         damp: DAMP | None = None,
         mesa: MESA | None = None,
+        student_packing: StudentPacking | None = None,
         compile: CompileOption = False,
         fsdp2: FSDP2 = DEFAULT_FSDP2,
     ) -> None:
@@ -114,8 +117,7 @@ class DistillationModule(pl.LightningModule):
         self.student = student
         self.teachers = nn.ModuleDict(teachers)
         self.student_resolution = student_input_size(student_resolution, student.patch_size)
-        mean, std = student_mean or student.pixel_mean, student_std or student.pixel_std
-        self.conditioner = StudentConditioner(mean, std)  # saved: a published model's too
+        self.conditioner = StudentConditioner.of(student, student_mean, student_std)  # saved
         self.feature_loss = loss if loss is not None else MSE()
         self.summary_loss = summary_loss if summary_loss is not None else Cosine()
         names = list(teachers)
@@ -136,9 +138,9 @@ class DistillationModule(pl.LightningModule):
         overrides = check_names(grid_policy_overrides or {}, names, "grid_policy_overrides")
         interpolatable = {name: t.interpolatable for name, t in teachers.items()}
         self.grid_policies = check_policies(grid_policy, overrides, interpolatable)
-        size, conditioner = self.student_resolution, self.conditioner
+        size, parts = self.student_resolution, (shifts, damp, mesa, student_packing)
         self.partitions = PartitionPlan(partitions, names, size, student.patch_size)
-        self.student_step = StudentStep(student.patch_size, size, conditioner, shifts, damp, mesa)
+        self.student_step = StudentStep(student.patch_size, size, self.conditioner, *parts)
         self.compile_option, self.fsdp2 = compile, fsdp2
         self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
         self.register_load_state_dict_post_hook(ignore_teacher_weights)

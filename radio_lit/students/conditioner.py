@@ -35,6 +35,14 @@ class StudentConditioner(nn.Module):
         self.register_buffer("std", torch.tensor(tuple(std), dtype=torch.float64))
         self.values: tuple[Triple, Triple] = (tuple(mean), tuple(std))
 
+    @classmethod
+    def of(
+        cls, student: Any, mean: Sequence[float] | None, std: Sequence[float] | None
+    ) -> StudentConditioner:
+        """``model.student_mean``/``student_std``, each by default the student's own
+        (``pixel_mean``/``pixel_std``: its timm pretrained config's)."""
+        return cls(mean or student.pixel_mean, std or student.pixel_std)
+
     @torch.no_grad()
     def set(self, mean: Sequence[float], std: Sequence[float]) -> None:
         """Normalize with ``mean`` and ``std`` from now on (and in what is saved)."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ from torch import Tensor, nn
 
 from radio_lit.students.base import Student, StudentOutput
 from radio_lit.students.feature_normalizer import FeatureNormalizer, IntermediateFeatureNormalizer
+from radio_lit.students.packing import packed_forward
 from radio_lit.students.spectral_reparam import enable_spectral_reparam
 from radio_lit.students.vitdet import (
     default_num_windowed,
@@ -453,8 +455,9 @@ class CPEViT(Student):
         return run_windowed(self.blocks, tokens, num_prefix, hw, window, self.windowed)
 
     # -- forward ------------------------------------------------------------------------------
-    def forward(self, images: Tensor) -> StudentOutput:
-        """Normalized images ``[B, 3, H, W]`` (H, W multiples of the patch) -> StudentOutput."""
+    def embed(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Normalized images ``[B, 3, H, W]`` -> tokens ``[B, P + h * w, D]`` (summary tokens,
+        registers, then the patches with their position embeddings, row-major) and ``(h, w)``."""
         height, width = images.shape[-2:]
         if height % self.patch_size or width % self.patch_size:
             raise ValueError(
@@ -467,13 +470,31 @@ class CPEViT(Student):
         prefix = [self.cls_token.expand(batch, -1, -1)]
         if self.registers is not None:
             prefix.append(self.registers.expand(batch, -1, -1))
-        x = torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1)
+        return torch.cat([*prefix, x.reshape(batch, h * w, dim)], dim=1), (h, w)
+
+    def forward(
+        self, images: Tensor | Sequence[Tensor], kernel: str | None = None
+    ) -> StudentOutput | list[StudentOutput]:
+        """Normalized images ``[B, 3, H, W]`` (H, W multiples of the patch) -> StudentOutput.
+
+        A list of such batches (of any resolutions) runs as one packed forward
+        (:func:`~radio_lit.students.packing.packed_forward` with attention ``kernel``, default
+        ``sdpa_mask``) and gives one output per batch, as one forward per batch would."""
+        if not isinstance(images, Tensor):
+            return packed_forward(self, list(images), kernel or "sdpa_mask")
+        x, (h, w) = self.embed(images)
         num_prefix = self.num_cls_tokens + self.num_registers
         x = self.norm(self.run_blocks(self.norm_pre(x), num_prefix, (h, w)))
-        features = x[:, num_prefix:]
-        if self.feature_normalizer is not None:  # NVlabs: features only, before the adaptors
+        return self.output(x, (h, w))
+
+    def output(self, x: Tensor, grid: tuple[int, int]) -> StudentOutput:
+        """The summary tokens ``[B, T, D]`` and patch features ``[B, h, w, D]`` of the trunk's
+        normed tokens ``x [B, T + R + h w, D]``; the feature normalizer (NVlabs') applies to
+        the features only, before the adaptors."""
+        features = x[:, self.num_cls_tokens + self.num_registers :]
+        if self.feature_normalizer is not None:
             features = self.feature_normalizer(features)
         return StudentOutput(
             summary=x[:, : self.num_cls_tokens],
-            features=features.reshape(batch, h, w, dim),
+            features=features.reshape(x.shape[0], *grid, x.shape[-1]),
         )

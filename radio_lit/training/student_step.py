@@ -46,10 +46,20 @@ from radio_lit.students import Student, StudentOutput
 from radio_lit.students.conditioner import StudentConditioner
 from radio_lit.students.damp import DAMP, weight_noise
 from radio_lit.students.ema import MESA, EMAStudent
+from radio_lit.students.packing import StudentPacking
 from radio_lit.training.partitions import Chunk
 from radio_lit.training.random_streams import RankStream, gather_ranks, own_rank
 
-__all__ = ["DAMP", "MESA", "EMAView", "PatchShifts", "StudentStep", "run_seed", "student_shift"]
+__all__ = [
+    "DAMP",
+    "MESA",
+    "EMAView",
+    "PatchShifts",
+    "StudentPacking",
+    "StudentStep",
+    "run_seed",
+    "student_shift",
+]
 
 
 #: :class:`~radio_lit.training.random_streams.RankStream` purposes: the student's training forwards
@@ -89,6 +99,8 @@ class StudentStep:
         shifts: shift-equivariant views (report 2.3.1); ``None``: unshifted.
         damp: weight noise in training forwards (report 2.4); ``None``: off.
         mesa: the EMA student's MESA term (report 2.3.2); ``None``: no EMA.
+        packing: a step's chunks in one packed student forward (issue 52;
+            :class:`~radio_lit.students.packing.StudentPacking`); ``None``: one per chunk.
     """
 
     def __init__(
@@ -99,6 +111,7 @@ class StudentStep:
         shifts: PatchShifts | None = None,
         damp: DAMP | None = None,
         mesa: MESA | None = None,
+        packing: StudentPacking | None = None,
     ) -> None:
         self.patch = patch
         self.resolution = resolution
@@ -106,6 +119,7 @@ class StudentStep:
         self.shifts = shifts
         self.damp = damp
         self.mesa = mesa
+        self.packing = packing
         self.margin = shifts.margin if shifts is not None else 0.0
         self.streams = {"forward": RankStream(FORWARD_STREAM), "shifts": RankStream(SHIFT_STREAM)}
         #: Whether this step's trunk gradients are dropped (set before each step by
@@ -135,14 +149,20 @@ class StudentStep:
         moved by that many whole patches (:func:`~radio_lit.geometry.shifts.shifted_view`), else the
         whole crop; with this rank's forward stream and DAMP's weight noise when
         ``training``."""
-        size = resolution or self.resolution
-        margin = self.margin if shift is not None else 0.0
-        mean, std = self.conditioner.values
-        view = teacher_view(shifted_view(crop, size, margin, shift, self.patch), size, mean, std)
+        view = self.view(crop, resolution, shift)
         if not training:
             return student(view)
         with self.streams["forward"].active(view.device), weight_noise(self.damp, student, True):
             return student(view)
+
+    def view(
+        self, crop: Tensor, resolution: tuple[int, int] | None, shift: Tensor | None
+    ) -> Tensor:
+        """The student's normalized view ``[B, 3, H, W]`` of ``crop`` (:meth:`run`)."""
+        size = resolution or self.resolution
+        margin = self.margin if shift is not None else 0.0
+        mean, std = self.conditioner.values
+        return teacher_view(shifted_view(crop, size, margin, shift, self.patch), size, mean, std)
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Every rank's stream states, in rank order (every rank calls it together:
@@ -174,8 +194,23 @@ class StudentStep:
         self, student: Student, chunks: Sequence[Chunk], training: bool
     ) -> list[StudentOutput]:
         """``student`` on each chunk's view (:meth:`run`: at the chunk's resolution, shifted by
-        its student shift, with DAMP's noise when ``training``), one output per chunk."""
-        return [self.run(student, c.crop, c.resolution, student_shift(c), training) for c in chunks]
+        its student shift, with DAMP's noise when ``training``), one output per chunk.
+
+        With :attr:`packing` and several chunks, one packed forward over all their views
+        (:class:`~radio_lit.students.packing.StudentPacking`): the same outputs, each chunk's
+        unpacked to its own tensors, so the losses are unchanged; DAMP then draws one noise
+        for the packed forward instead of one per chunk."""
+        if self.packing is None or len(chunks) < 2:
+            return [
+                self.run(student, c.crop, c.resolution, student_shift(c), training) for c in chunks
+            ]
+        views = [self.view(c.crop, c.resolution, student_shift(c)) for c in chunks]
+        kernel = self.packing.kernel_for(student, views[0].device)
+        if not training:
+            return student(views, kernel)
+        device = views[0].device
+        with self.streams["forward"].active(device), weight_noise(self.damp, student, True):
+            return student(views, kernel)
 
     def average(self, ema: EMAStudent | None, chunks: Sequence[Chunk]) -> list[EMAView] | None:
         """The EMA student on each chunk's view, without gradient, for the MESA term (report
