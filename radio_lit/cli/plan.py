@@ -344,6 +344,7 @@ def _plan(
             args.cache_images is not None,
             fit,
             args.gpu,
+            overrides,
         )
         stages.append(
             plan_stage(

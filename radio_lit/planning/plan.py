@@ -513,7 +513,7 @@ def plan_stage(
         layout=layout_name(partitions),
     )
     counted = {r: n for r, n in rank_counts(partitions, gpus).items() if r in rank_means}
-    stage.waiting = waiting(rank_means, counted, step, communication["ms"], stage.gpu_hours)
+    stage.waiting = waiting(rank_means, counted, step, comm["ms"], stage.gpu_hours)
     stage.warnings = [_advice(module, r, device, strategy) for r in ranks if not r.fits]
     stage.warnings += [_may_not_fit(r, device) for r in ranks if r.verdict == "may not fit"]
     return stage

@@ -18,6 +18,23 @@ from tests.forking import REPO, start
 TIMEOUT_S = 120
 
 
+def join_gloo(rank: int, world_size: int, init_file: str) -> None:
+    """In a worker of :func:`run_gloo_workers`: this rank's environment as a launcher sets it
+    (Lightning then launches nothing) and its gloo process group, met through ``init_file``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+    )
+
+
 def run_gloo_workers(
     worker: Path,
     tmp_path: Path,

@@ -45,6 +45,7 @@ from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, ZCAWhiten
 from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module, tiny_student
+from tests.distributed.gloo import join_gloo
 from tests.teachers.tiny import tiny_clip_teacher, tiny_dinov2_teacher
 
 SEED = 0
@@ -202,14 +203,7 @@ def run(phase: str, rank: int, world_size: int, run_dir: Path) -> dict[str, Any]
 
 
 def main(rank: int, world_size: int, init_file: str, mode: str, run_dir: str, output: str) -> None:
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size))
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world_size, init_file)
     folder = Path(run_dir)
     if mode == "layouts":
         result: dict[str, Any] = {

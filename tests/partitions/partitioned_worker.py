@@ -43,6 +43,7 @@ from radio_lit.module import DistillationModule
 from radio_lit.normalizers import PhiS, ZCAWhiten
 from radio_lit.training.partitions import Partition
 from tests.builders import cpu_trainer, tiny_module, tiny_student
+from tests.distributed.gloo import join_gloo
 
 SEED = 0
 IMAGES = 4  # per partition and step
@@ -200,14 +201,7 @@ def resume(phase: str, rank: int, world_size: int, run_dir: Path) -> dict[str, A
 
 
 def main(rank: int, world_size: int, init_file: str, mode: str, *args: str) -> None:
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size))
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world_size, init_file)
     *options, output = args
     root = Path(output).parent / f"rank{rank}"
     if mode == "layouts":
