@@ -101,7 +101,7 @@ def test_the_quickstart_trains_logs_and_checkpoints(trained):
             if any(parameter is p for p in group["params"]):
                 rates[name] = group["lr"]
     base = rates["upsampler.fusion.scale1"]
-    assert rates["upsampler.bias.bias"] == pytest.approx(10 * base)
+    assert rates["upsampler.bias.bias"] == pytest.approx(100 * base)
     assert rates["upsampler.base.stages.0.log_sigma_spatial"] == pytest.approx(0.2 * base)
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 30
