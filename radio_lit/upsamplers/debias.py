@@ -28,7 +28,7 @@ class BiasBuffer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim, *grid))
         self.learns = True
 
-    def learning(self, learns: bool) -> "BiasBuffer":
+    def learning(self, learns: bool) -> BiasBuffer:
         """Let the bias take gradients from what it is added to (``True``) or only its value
         (``False``); returns itself."""
         self.learns = learns

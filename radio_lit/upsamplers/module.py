@@ -320,9 +320,7 @@ class FeatSharpModule(pl.LightningModule):
         logs["train/bias_rms"] = self.upsampler.bias.bias.square().mean().sqrt()
         return logs
 
-    def locked_loss(
-        self, low: Tensor, targets: Tensor, matrices: Tensor, pixels: int
-    ) -> Tensor:
+    def locked_loss(self, low: Tensor, targets: Tensor, matrices: Tensor, pixels: int) -> Tensor:
         """The views' consistency on the teacher's own grid, the bias's direct signal: the
         low-resolution pass ``low [B, h, w, C]`` (normalized, de-biased) warped into each view
         against the teacher's output on that view ``targets [B n, h, w, C]`` (normalized,

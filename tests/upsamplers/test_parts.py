@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from kornia.geometry.transform import warp_perspective
+from torch import nn
 
 from radio_lit.upsamplers import (
     AttentionDownsampler,
@@ -218,7 +218,7 @@ def test_logit_dropout_zeroes_the_content_logit_and_keeps_the_taps_bias():
 
 
 def _prepass_sums(features: torch.Tensor) -> torch.Tensor:
-    """``[n, h, w, C]`` -> the pre-pass's sums ``[2 + C, h, w]`` (FeatSharpModule.fit_normalizer)."""
+    """``[n, h, w, C]`` -> the pre-pass sums ``[2 + C, h, w]`` (FeatSharpModule.fit_normalizer)."""
     n, h, w, _ = features.shape
     return torch.cat(
         [
