@@ -112,8 +112,8 @@ def shrunk_locked_mean(sums: Tensor, normalizer: nn.Module) -> Tensor:
     A token's mean ``m`` less the grid's ``m̄`` is kept times ``max(0, 1 - tr(Σ) / (n
     ||m - m̄||²))``, ``tr(Σ) / n`` its squared standard error over ``n`` images: a 10-batch
     estimate of a grid with no pattern is shrunk to nothing, a pattern well above the noise is
-    kept. The ratio is taken in the teacher's space (PHI-S's linear part is one rotation and
-    one scale, which leave it unchanged).
+    kept; the result is centred again over the grid. The ratio is taken in the teacher's space
+    (PHI-S's linear part is one rotation and one scale, which leave it unchanged).
     """
     count, dim = sums[0].clamp_min(1), sums.shape[0] - 2
     mean = sums[1 : 1 + dim] / count  # [C, h, w]
@@ -122,7 +122,8 @@ def shrunk_locked_mean(sums: Tensor, normalizer: nn.Module) -> Tensor:
     keep = (1 - spread / count / offset.square().sum(0).clamp_min(1e-12)).clamp_min(0)
     mean = mean.permute(1, 2, 0).float()  # [h, w, C]
     locked = normalizer(mean) - normalizer(mean.mean((0, 1), keepdim=True))
-    return (locked * keep.float()[..., None]).permute(2, 0, 1)
+    shrunk = locked * keep.float()[..., None]
+    return (shrunk - shrunk.mean((0, 1), keepdim=True)).permute(2, 0, 1)  # zero over the grid
 
 
 def nadam(params: Any) -> torch.optim.Optimizer:
