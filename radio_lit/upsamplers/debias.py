@@ -26,10 +26,17 @@ class BiasBuffer(nn.Module):
     def __init__(self, dim: int, grid: tuple[int, int]) -> None:
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(dim, *grid))
+        self.learns = True
+
+    def learning(self, learns: bool) -> BiasBuffer:
+        """Let the bias take gradients from what it is added to (``True``) or only its value
+        (``False``); returns itself."""
+        self.learns = learns
+        return self
 
     def pattern(self, grid: tuple[int, int]) -> Tensor:
         """The bias ``[h, w, C]`` on ``grid`` (bilinearly resized if it differs [notes 4.3])."""
-        bias = self.bias
+        bias = self.bias if self.learns else self.bias.detach()
         if tuple(bias.shape[1:]) != tuple(grid):
             bias = F.interpolate(bias[None], size=grid, mode="bilinear", align_corners=False)[0]
         return bias.permute(1, 2, 0)

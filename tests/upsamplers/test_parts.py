@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kornia.geometry.transform import warp_perspective
+from torch import nn
 
 from radio_lit.upsamplers import (
     AttentionDownsampler,
@@ -214,3 +215,30 @@ def test_logit_dropout_zeroes_the_content_logit_and_keeps_the_taps_bias():
         plain.saliency.weight.zero_()
         plain.saliency.bias.zero_()
     torch.testing.assert_close(dropped, plain(x))
+
+
+def _prepass_sums(features: torch.Tensor) -> torch.Tensor:
+    """``[n, h, w, C]`` -> the pre-pass sums ``[2 + C, h, w]`` (FeatSharpModule.fit_normalizer)."""
+    n, h, w, _ = features.shape
+    return torch.cat(
+        [
+            torch.full((1, h, w), float(n)),
+            features.sum(0).permute(2, 0, 1),
+            features.square().sum((0, 3))[None],
+        ]
+    ).double()
+
+
+def test_prepass_bias_start_is_shrunk_by_its_standard_error() -> None:
+    """A 10-batch pre-pass (40 images) plants no noise as a pattern; a strong pattern is kept."""
+    from radio_lit.upsamplers.module import shrunk_locked_mean
+
+    torch.manual_seed(0)
+    noise = torch.randn(40, 4, 4, 16)
+    raw = noise.mean(0) - noise.mean((0, 1, 2))
+    shrunk = shrunk_locked_mean(_prepass_sums(noise), nn.Identity())
+    assert shrunk.norm() < 0.25 * raw.norm()  # no pattern: mostly shrunk away
+    pattern = torch.randn(4, 4, 16)
+    pattern = 3 * (pattern - pattern.mean((0, 1)))
+    kept = shrunk_locked_mean(_prepass_sums(noise + pattern), nn.Identity()).permute(1, 2, 0)
+    assert (kept - pattern).norm() < 0.2 * pattern.norm()

@@ -94,14 +94,14 @@ def test_the_quickstart_trains_logs_and_checkpoints(trained):
     start = cli.bias_start  # the pre-pass's position-locked mean, negated [choice]
     assert float(start.abs().max()) > 0 and float(start.mean((1, 2)).abs().max()) < 1e-5
     assert not torch.equal(cli.model.upsampler.bias.bias.detach(), start)  # the bias learns
-    # the groups' rates: the paper's (JBU 0.2x, uncertainty 0.02x) and the bias's 10x [choice]
+    # the groups' rates: the paper's (JBU 0.2x, uncertainty 0.02x) and the bias's 100x [choice]
     rates = {}
     for group in cli.trainer.optimizers[0].param_groups:
         for name, parameter in cli.model.named_parameters():
             if any(parameter is p for p in group["params"]):
                 rates[name] = group["lr"]
     base = rates["upsampler.fusion.scale1"]
-    assert rates["upsampler.bias.bias"] == pytest.approx(10 * base)
+    assert rates["upsampler.bias.bias"] == pytest.approx(100 * base)
     assert rates["upsampler.base.stages.0.log_sigma_spatial"] == pytest.approx(0.2 * base)
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 30
