@@ -32,9 +32,9 @@ from __future__ import annotations
 import copy
 import os
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.util import find_spec
 from typing import Any
 
 import torch
@@ -258,11 +258,30 @@ def load_radio(
             "set trust_remote_code: true to allow it (or use a radio-lit export file, or "
             "loader: transformers with backend: native for the backbone)."
         )
-    if find_spec("einops") is None:  # NVlabs/RADIO's radio/adaptor_*.py import it
+    with _einops_named(loader):
+        return _nvlabs_code(model, loader, hub_repo, adaptors)
+
+
+@contextmanager
+def _einops_named(loader: str) -> Iterator[None]:
+    """NVlabs/RADIO's code imports ``einops`` (``radio/adaptor_*.py``), which radio-lit does
+    not need: its absence, met while that code loads, is one line naming the install."""
+    try:
+        yield
+    except ImportError as error:  # transformers' remote-code check names it in its message
+        if error.name != "einops" and "einops" not in str(error):
+            raise
         raise ImportError(
             f"RADIOTeacher: NVlabs/RADIO's code that loader: {loader} runs imports einops, "
             "which is not installed: pip install einops"
-        )
+        ) from error
+
+
+def _nvlabs_code(
+    model: str, loader: str, hub_repo: str, adaptors: Sequence[str]
+) -> tuple[nn.Module, int, int]:
+    """NVlabs' ``radio_model`` by torch.hub, or transformers' remote code:
+    ``(model, patch size, preferred resolution)``."""
     if loader == "torch_hub":
         local = os.path.isdir(os.path.expanduser(hub_repo))
         with download_errors("RADIOTeacher", model, _HUB_HINT):

@@ -365,8 +365,12 @@ def test_an_nvlabs_file_with_loader_export_is_pointed_at_the_config_that_works(n
 
 
 def test_nvlabs_code_without_einops_is_refused_naming_it(monkeypatch) -> None:
-    import radio_lit.teachers.radio_source as source
+    """NVlabs' code importing einops where it is not installed: one line naming the install
+    (only then: code that does not import it loads without it)."""
 
-    monkeypatch.setattr(source, "find_spec", lambda name: None if name == "einops" else 1)
+    def load(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'einops'", name="einops")
+
+    monkeypatch.setattr(torch.hub, "load", load)
     with pytest.raises(ImportError, match="imports einops.*pip install einops"):
         RADIOTeacher("nvidia/C-RADIOv3-H", loader="torch_hub", trust_remote_code=True)
