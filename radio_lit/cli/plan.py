@@ -15,7 +15,8 @@ images; each distinct rank's step is then run on fake tensors (:mod:`radio_lit.p
 Any other ``--section.key value`` option is applied to the config, as for ``radio-lit fit``
 (``--teacher-depth K``: teachers of K blocks at their real widths, as the benchmarks run them).
 ``--compare-layouts`` plans each stage also in the balanced layout (every partition on every
-rank, :mod:`radio_lit.planning.layout`), from the same build and calibration, side by side.
+rank, :mod:`radio_lit.planning.layout`) and in the balanced layout packed (a rank's partitions
+in one student forward), from the same build and calibration, side by side.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from radio_lit.core.errors import CommandParser, ConfigError
 from radio_lit.planning.configs import merged
 from radio_lit.planning.counting import count_step, fake_module, largest_draws
 from radio_lit.planning.devices import device
-from radio_lit.planning.layout import balanced, comparison
+from radio_lit.planning.layout import compared_layouts, comparison
 from radio_lit.planning.meta_build import on_meta, planning_build
 from radio_lit.planning.plan import (
     LoopStep,
@@ -51,7 +52,7 @@ from radio_lit.planning.plan import (
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
 from radio_lit.planning.time_model import load_calibration
-from radio_lit.planning.verdict import assumptions
+from radio_lit.planning.verdict import assumptions, packed_assumption
 
 __all__ = ["main"]
 
@@ -115,7 +116,8 @@ def _parser() -> CommandParser:
         "--compare-layouts",
         action="store_true",
         help="plan each stage also with every partition on every rank (the balanced layout: "
-        "model.partitions.<name>.every_rank true), side by side with the configured one",
+        "model.partitions.<name>.every_rank true), unpacked and packed (model.student_packing), "
+        "side by side with the configured one",
     )
     parser.add_argument("--cache-dtype", choices=list(DTYPES), default="float32")
     return parser
@@ -142,8 +144,9 @@ def main(argv: Sequence[str]) -> None:
             if not Path(config).is_file():
                 parser.error(f"--config {config}: no such config file")
     counts = args.gpus or [None]
-    # [stage][N x layout]: with --compare-layouts, the configured layout then the balanced one
+    # [stage][N x layout]: with --compare-layouts, the configured layout then the others
     plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]
+    layouts = len(plans[0]) // len(counts)
     by_count = list(zip(*plans, strict=True))  # [N x layout][stage]
     totals = [recipe_total(p) if len(stages) > 1 else None for p in by_count]
     if args.json:
@@ -161,9 +164,10 @@ def main(argv: Sequence[str]) -> None:
                 f"\nrecipe ({len(recipe)} stages) at {recipe[0].gpus} GPUs: "
                 f"{total['gpu_hours']:,.0f} GPU-hours, {total['wall_hours']:,.1f} h wall"
             )
-    if args.compare_layouts:  # each stage's configured layout, then its balanced one
-        for report, other in zip(by_count[::2], by_count[1::2], strict=True):
-            texts += [comparison(a, b) for a, b in zip(report, other, strict=True)]
+    if args.compare_layouts:  # each stage's configured layout, then the others
+        for first in range(0, len(by_count), layouts):
+            group = by_count[first : first + layouts]  # [layout][stage]
+            texts += [comparison(*each) for each in zip(*group, strict=True)]
     print("\n\n".join(texts))
 
 
@@ -297,11 +301,13 @@ def _plan(
     optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
     loop = LoopStep(args.step, _freeze_steps(raw))
     previous = loop.updated_bytes(module)  # the earlier step's gradients, through the forward
-    configured = module.partitions
-    layouts = [configured, balanced(configured)] if args.compare_layouts else [configured]
+    configured, packing = module.partitions, module.student_step.packing
+    layouts = [(configured, packing)]
+    if args.compare_layouts:
+        layouts = compared_layouts(configured, packing, module.student)
     stages = []
-    for given, partitions in itertools.product(gpu_counts, layouts):
-        module.partitions = partitions
+    for given, (partitions, packed) in itertools.product(gpu_counts, layouts):
+        module.partitions, module.student_step.packing = partitions, packed
         gpus = given or _world(raw)
         shards = gpus if sharded else 1  # FSDP2: each rank's shard of them
         scatter = _reduce_scatter(module, shards) if sharded else (0, 0)
@@ -346,6 +352,9 @@ def _plan(
             args.gpu,
             overrides,
         )
+        kernel = next((c.packed_kernel for c in counts.values() if c.packed_kernel), None)
+        if kernel is not None:
+            stated.append(packed_assumption(packed, kernel))
         stages.append(
             plan_stage(
                 module,
@@ -366,5 +375,5 @@ def _plan(
                 gpu_key=args.gpu,
             )
         )
-    module.partitions = configured
+    module.partitions, module.student_step.packing = configured, packing
     return stages

@@ -45,9 +45,12 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from radio_lit.students.attention_kernels import available_kernels, choose_kernel
 
 __all__ = [
     "OpRecord",
@@ -239,13 +242,17 @@ def gpu_attention(device: str) -> Any:
                 query, key, value, dropout_p, is_causal, False, scale=scale
             )
             return out[0]
-        if attn_mask is not None:  # attention.cpp, preprocess_mask: alignment of 16 elements
-            length = key.shape[-2]
-            attn_mask = attn_mask.expand(*query.shape[:-1], length)
-            if length % 16:
+        if attn_mask is not None:  # attention.cpp: convert_boolean_attn_mask, preprocess_mask
+            if isinstance(query, FakeTensor) and not isinstance(attn_mask, FakeTensor):
+                attn_mask = query.fake_mode.from_tensor(attn_mask)  # a host-made mask: shapes
+            if attn_mask.dtype == torch.bool:  # an additive mask of the mask's own shape
+                attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                    ~attn_mask, float("-inf")
+                )
+            length = attn_mask.shape[-1]  # padded to 16 elements as given, then broadcast
+            if attn_mask.stride(-1) != 1 or any(s % 16 for s in attn_mask.stride()[:-1]):
                 attn_mask = F.pad(attn_mask, (0, 16 - length % 16))[..., :length]
-            elif any(stride % 16 for stride in attn_mask.stride()[:-1]):
-                attn_mask = attn_mask.contiguous()
+            attn_mask = attn_mask.expand(*query.shape[:-1], key.shape[-2])
         out = torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, False, dropout_p, is_causal, scale=scale
         )
@@ -278,6 +285,44 @@ def fused_attention(device: str = "cuda") -> Iterator[None]:
         mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(device)),
     ):
         yield
+
+
+@contextlib.contextmanager
+def packed_attention(module: Any, gpu: bool) -> Iterator[str | None]:
+    """``model.student_packing``'s packed forward (:mod:`radio_lit.students.packing`) counted
+    as the planned device runs it; yields the kernel (``None``: the run packs nothing).
+
+    The kernel is the one :func:`~radio_lit.students.attention_kernels.choose_kernel` picks for
+    a GPU (``gpu``; else for the CPU): the configured one, else the fastest of the measured
+    table, else ``padded``. ``varlen`` and ``flex`` (fused, CUDA) are counted as what they
+    compute, each image's own attention (unmasked SDPA per image: flash attention's FLOPs,
+    ``sum_i n_i^2``, and no scores in memory); ``padded`` and ``sdpa_mask`` run as they are
+    (their masks, made on the host, taken as fake tensors by :func:`gpu_attention`)."""
+    from radio_lit.students import packing as packed  # the module whose names are patched
+
+    packing = module.student_step.packing
+    if packing is None:
+        yield None
+        return
+    head_dim = module.student.blocks[0].attn.head_dim
+    device = "cuda" if gpu else "cpu"
+    kernel = choose_kernel(
+        device, head_dim, packing.kernel, packing.measured, available_kernels(device)
+    )
+    run = packed.block_attention
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, lengths: Any, name: str, mask: Any) -> Tensor:
+        if name not in ("varlen", "flex"):
+            return run(q, k, v, lengths, name, mask)
+        images = zip(*(t.split(list(lengths), dim=2) for t in (q, k, v)), strict=True)
+        return torch.cat([F.scaled_dot_product_attention(*image) for image in images], dim=2)
+
+    chosen, packing.chosen = packing.chosen, kernel
+    try:
+        with mock.patch.object(packed, "block_attention", attention):
+            yield kernel
+    finally:
+        packing.chosen = chosen
 
 
 def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
@@ -350,6 +395,8 @@ class StepCount:
         peak_bytes: the step's largest live bytes beyond the weights (module docstring).
         outputs: ``{teacher: [B, H, W, C]}`` each teacher's feature map as it returned it.
         ops: each part's operations by shape (:class:`OpRecord`).
+        packed_kernel: the packed student forward's attention kernel (:func:`packed_attention`;
+            ``None``: no packing, or one chunk).
     """
 
     images: dict[str, int]
@@ -358,6 +405,7 @@ class StepCount:
     peak_bytes: int
     outputs: dict[str, list[int]] = field(default_factory=dict)
     ops: OpRecord = field(default_factory=OpRecord)
+    packed_kernel: str | None = None
 
     @property
     def total_flops(self) -> int:
@@ -507,6 +555,7 @@ def count_step(
         mock.patch.object(plan, "chunks", chunks),
         _labelled(module, counter, outputs),
         fused_attention(device) if gpu_attention else _no_fast_path(),
+        packed_attention(module, gpu_attention) as kernel,
         counter,
         contextlib.ExitStack() as stack,
     ):
@@ -536,4 +585,5 @@ def count_step(
         peak_bytes=peak,
         outputs=outputs,
         ops=counter.ops,
+        packed_kernel=kernel if len(seen) > 1 else None,
     )

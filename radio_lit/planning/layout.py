@@ -12,7 +12,10 @@ difference. Averaged over the draws, rank ``r`` computes ``w_r`` ms of the step'
 
 The balanced layout (``every_rank: true`` on every partition,
 :mod:`radio_lit.training.partitions`) gives every rank ``batch_size / N`` images of each
-partition, so every rank does the mean work at every draw and none waits.
+partition, so every rank does the mean work at every draw and none waits. Packed
+(``model.student_packing``, :mod:`radio_lit.students.packing`), a rank's partitions run as one
+student forward: its GEMMs over all of the rank's tokens, its attention per image with the
+kernel the plan counts (:func:`~radio_lit.planning.counting.packed_attention`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,17 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["balanced", "comparison", "layout_name", "rank_counts", "waiting", "waiting_lines"]
+from radio_lit.students.packing import StudentPacking, packing_refusal
+
+__all__ = [
+    "balanced",
+    "comparison",
+    "compared_layouts",
+    "layout_name",
+    "rank_counts",
+    "waiting",
+    "waiting_lines",
+]
 
 #: The idle share from which the plan points at the balanced layout [choice].
 IDLE_HINT = 0.05
@@ -41,6 +54,19 @@ def balanced(partitions: Any) -> Any:
     return type(partitions)(
         spread, partitions.teachers, partitions.default_resolution, partitions.patch_size
     )
+
+
+def compared_layouts(
+    partitions: Any, packing: StudentPacking | None, student: Any
+) -> list[tuple[Any, StudentPacking | None]]:
+    """``radio-lit plan --compare-layouts``'s ``(partitions, packing)``: the configured ones,
+    the balanced layout unpacked, and the balanced layout packed (the configured packing, else
+    :class:`StudentPacking`'s defaults) where the student's blocks can be packed."""
+    spread = balanced(partitions)
+    out = [(partitions, packing), (spread, None)]
+    if packing_refusal(student.blocks, training=True) is None:
+        out.append((spread, packing or StudentPacking()))
+    return out
 
 
 def rank_counts(partitions: Any, gpus: int) -> dict[int, int]:
@@ -94,7 +120,7 @@ def waiting_lines(stage: Any) -> list[str]:
         f"waiting: every rank at the mean work would step in {wait['mean_work_ms']:,.1f} ms; "
         f"{wait['idle_share']:.1%} of the GPU-time is ranks waiting for the slowest{cost}",
     ]
-    if wait["idle_share"] >= IDLE_HINT and stage.layout != "balanced":
+    if wait["idle_share"] >= IDLE_HINT and not stage.layout.startswith("balanced"):
         lines.append(
             "  every rank at the mean work: model.partitions.<name>.every_rank: true on every "
             "partition (radio-lit plan --compare-layouts prices it)"
@@ -102,19 +128,20 @@ def waiting_lines(stage: Any) -> list[str]:
     return lines
 
 
-def comparison(report: Any, other: Any) -> str:
-    """One line per layout of one stage at one GPU count, and the ratio of their GPU-hours (or
-    of their steps without ``max_steps``); the same calibration for both."""
+def comparison(report: Any, *others: Any) -> str:
+    """One line per layout of one stage at one GPU count, and the ratio of each other layout's
+    GPU-hours (or step, without ``max_steps``) to the first's; the same calibration for all."""
     lines = [f"layouts of {report.config} at {report.gpus} x {report.gpu['name']}:"]
-    for stage in (report, other):
+    for stage in (report, *others):
         hours = "" if stage.gpu_hours is None else f", {stage.gpu_hours:,.0f} GPU-hours"
         lines.append(
-            f"  {stage.layout:<9} step {stage.step_ms:,.1f} ms, idle "
+            f"  {stage.layout:<16} step {stage.step_ms:,.1f} ms, idle "
             f"{stage.waiting['idle_share']:.1%}{hours}"
         )
-    ratio = f"  {other.layout} / {report.layout}: "
-    if report.gpu_hours and other.gpu_hours is not None:
-        lines.append(ratio + f"{other.gpu_hours / report.gpu_hours:.2f}x the GPU-hours")
-    else:
-        lines.append(ratio + f"{other.step_ms / report.step_ms:.2f}x the step")
+    for other in others:
+        ratio = f"  {other.layout} / {report.layout}: "
+        if report.gpu_hours and other.gpu_hours is not None:
+            lines.append(ratio + f"{other.gpu_hours / report.gpu_hours:.2f}x the GPU-hours")
+        else:
+            lines.append(ratio + f"{other.step_ms / report.step_ms:.2f}x the step")
     return "\n".join(lines)

@@ -510,7 +510,8 @@ def plan_stage(
         cache_read=read,
         assumptions=[dict(a) for a in assumptions],
         basis=basis(device.name, fit, gpu_key or device.name),
-        layout=layout_name(partitions),
+        layout=layout_name(partitions)
+        + (", packed" if any(c.packed_kernel for c in counts.values()) else ""),
     )
     counted = {r: n for r, n in rank_counts(partitions, gpus).items() if r in rank_means}
     stage.waiting = waiting(rank_means, counted, step, comm["ms"], stage.gpu_hours)

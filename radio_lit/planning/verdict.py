@@ -26,6 +26,7 @@ __all__ = [
     "UNEXPLAINED_PEAK_SHARE",
     "assumption",
     "assumptions",
+    "packed_assumption",
     "basis",
     "memory_verdict",
     "time_range",
@@ -67,6 +68,21 @@ def _given(section: Mapping[str, Any], key: str) -> str:
 def assumption(name: str, value: Any, source: str) -> dict[str, str]:
     """One assumption of a plan: what, its value, where it came from."""
     return {"name": name, "value": str(value), "source": source}
+
+
+def packed_assumption(packing: Any, kernel: str) -> dict[str, str]:
+    """The packed student forward's attention kernel the plan counted
+    (:func:`~radio_lit.planning.counting.packed_attention`) and why that one."""
+    if packing.kernel is not None:
+        source = "model.student_packing.init_args.kernel"
+    elif packing.measured:
+        source = "the fastest of model.student_packing.init_args.measured at the head dim"
+    else:
+        source = (
+            "a GPU's default without a measured table [choice]; measure the kernels: "
+            "python benchmarks/packing.py --device cuda"
+        )
+    return assumption("packed student attention", kernel, source)
 
 
 def assumptions(

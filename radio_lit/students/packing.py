@@ -68,20 +68,22 @@ def _block(block: Block, x: Tensor, layout: _Layout, kernel: str) -> Tensor:
     return x.index_copy(1, layout.index, part)
 
 
-def _check_blocks(blocks: nn.Module, training: bool) -> None:
+def packing_refusal(blocks: nn.Module, training: bool) -> str | None:
+    """Why ``blocks`` cannot run packed (a one-line error naming the fix), or ``None``."""
     for i, block in enumerate(blocks):
         if type(block) is not Block or not isinstance(block.attn, Attention):
-            raise ValueError(
+            return (
                 f"student block {i} is a {type(block).__name__}: packing runs timm's plain "
                 "ViT Block/Attention only; drop model.student_packing"
             )
         if training and not (
             isinstance(block.drop_path1, nn.Identity) and block.attn.attn_drop.p == 0.0
         ):
-            raise ValueError(
+            return (
                 f"student block {i} has drop_path or attention dropout, drawn per sample of a "
                 "batch: set drop_path_rate and attn_drop_rate to 0 or drop model.student_packing"
             )
+    return None
 
 
 def packed_forward(student: Any, views: Sequence[Tensor], kernel: str) -> list[StudentOutput]:
@@ -93,7 +95,9 @@ def packed_forward(student: Any, views: Sequence[Tensor], kernel: str) -> list[S
     """
     if not views:
         raise ValueError("packed forward of no image batches: pass at least one")
-    _check_blocks(student.blocks, student.training)
+    refusal = packing_refusal(student.blocks, student.training)
+    if refusal is not None:
+        raise ValueError(refusal)
     num_prefix = student.num_cls_tokens + student.num_registers
     tokens, shapes, windows = [], [], []
     for images in views:

@@ -30,6 +30,7 @@ BATCH = {
     "recipes/c-radio/stage2.yaml": 1152,
     "recipes/c-radio/stage3.yaml": 1152,
     "recipes/c-radio/balanced.yaml": 1152,  # stacked on stage 1: the same batches, laid out anew
+    "recipes/c-radio/packed.yaml": 1152,  # the balanced layout, each rank's images packed
     "recipes/phi-s/stage3.yaml": 1152,
 }
 

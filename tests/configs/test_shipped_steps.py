@@ -65,6 +65,9 @@ def test_a_recipes_partition_layout_takes_an_optimizer_step(name):
         n: bool(spec.get("every_rank")) for n, spec in given.items()
     }
     one_step(cli)
+    packing = cli.model.student_step.packing
+    if "student_packing" in load_config(CONFIGS[name].path)["model"]:
+        assert packing is not None and packing.chosen == "sdpa_mask"  # the CPU's kernel, ran
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

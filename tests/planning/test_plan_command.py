@@ -140,7 +140,8 @@ def test_table_and_json_hold_the_same_figures(plans):
 @pytest.mark.slow
 def test_the_table_compares_the_layouts(plans):
     """``--compare-layouts``: the configured layout's plan (the JSON's), then the balanced one
-    (one rank kind running both partitions: 3 low and 1 high image), and one line each."""
+    (one rank kind running both partitions: 3 low and 1 high image), then the balanced one
+    packed (its attention kernel stated), and one line each."""
     table, plan = plans["table"], json.loads(plans["json"].stdout)
     assert plan["layout"] == "blocks" and set(plan["waiting"]["ranks"]) == {"0", "1"}
     idle = plan["waiting"]["idle_share"]
@@ -151,4 +152,6 @@ def test_the_table_compares_the_layouts(plans):
     lines = table.stdout.split("layouts of ", 1)[1].splitlines()
     assert lines[1].split()[0] == "blocks" and f"idle {idle:.1%}" in lines[1]
     assert lines[2].split()[0] == "balanced" and "idle 0.0%" in lines[2]
-    assert "balanced / blocks: " in lines[3]
+    assert lines[3].startswith("  balanced, packed ") and "idle 0.0%" in lines[3]
+    assert "balanced / blocks: " in lines[4] and "balanced, packed / blocks: " in lines[5]
+    assert table.stdout.count("assumed packed student attention: padded (a GPU's default") == 1
