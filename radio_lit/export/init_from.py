@@ -213,6 +213,14 @@ def check_architecture(published: Published, student: CPEViT, num_cls: int) -> N
             f"model.student.init_args.vitdet_eval_window_size: {window} (and its "
             "vitdet_num_windowed)"
         )
+    corners = published.architecture.get("cpe_align_corners")
+    if corners is not None and corners != student.cpe_align_corners:
+        raise ValueError(
+            f"model.init_from: {published.path} ({published.format}) resizes its CPE grid with "
+            f"align_corners={corners}, the config's student with {student.cpe_align_corners}: "
+            f"set model.student.init_args.cpe_align_corners: {str(corners).lower()} (or use "
+            "radio_lit.export.PublishedStudent, which reads it)"
+        )
     if extends_tokens(published, student, num_cls):
         own["summary tokens"] = source["summary tokens"]
     differ = {k: (v, own[k]) for k, v in source.items() if own[k] != v}

@@ -342,6 +342,8 @@ def _read_folder(folder: Path) -> Published:
                           _from_nvlabs_hf(weights, config))  # fmt: skip
     if config.get("model_type") == "radio":  # transformers' native RadioModel
         return _read_transformers(folder, config, weights)
+    if "architecture" in config and "embeds.proj.weight" in weights:  # timm's naflexvit_*
+        return _read_timm(folder, _naflex_as_vit(folder, weights), config)
     if "architecture" in config:  # timm's pretrained folder
         return _read_timm(folder, weights, config)
     raise refuse(folder, f"a config.json with keys {_first(config)}")
@@ -440,6 +442,51 @@ def _from_transformers(weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return state
 
 
+#: Arguments ``save_for_hf`` writes into a timm folder's ``model_args`` (its head, pooling,
+#: input) that a RADIO trunk does not take: radio-lit's student sets its own.
+_TIMM_HEAD_ARGS = frozenset({"num_classes", "global_pool", "dynamic_img_size"})
+
+
+def _naflex_as_vit(folder: Path, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """timm's ``naflexvit_*_radio_*`` weights under its ``vit_*`` names, as timm's own
+    ``naflexvit.checkpoint_filter_fn`` maps them the other way: ``embeds.proj.weight
+    [D, p p C]`` (a linear patch embedding, channels fastest) -> ``patch_embed.proj.weight
+    [D, C, p, p]``; ``embeds.pos_embed [1, g, g, D]`` -> ``pos_embed [1, g g, D]``;
+    ``embeds.cls_token``/``reg_token`` -> ``cls_token``/``reg_token``."""
+    weight = weights["embeds.proj.weight"]
+    patch = math.isqrt(weight.shape[1] // 3)
+    if 3 * patch * patch != weight.shape[1]:
+        raise refuse(folder, f"naflexvit weights whose embeds.proj.weight {list(weight.shape)} "
+                             "is no linear embedding of square RGB patches")  # fmt: skip
+    vit = {k: v for k, v in weights.items() if not k.startswith("embeds.")}
+    vit["patch_embed.proj.weight"] = weight.reshape(-1, patch, patch, 3).permute(0, 3, 1, 2)
+    if "embeds.proj.bias" in weights:
+        vit["patch_embed.proj.bias"] = weights["embeds.proj.bias"]
+    pos = weights["embeds.pos_embed"]
+    vit["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])
+    for token in ("cls_token", "reg_token"):
+        if f"embeds.{token}" in weights:
+            vit[token] = weights[f"embeds.{token}"]
+    return vit
+
+
+def _naflex_architecture(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``vit_*`` twin of timm's ``naflexvit_*`` model ``name`` (the same blocks) and how
+    the naflexvit resizes its grid: ``align_corners`` as timm's own class sets it (C-RADIOv3-B
+    and -H: ``True``, as released), aspect-preserving (a square, cropped: RADIO's CPE)."""
+    import timm
+
+    with torch.device("meta"):
+        naflex = timm.create_model(name, pretrained=False, **kwargs)
+    embeds = naflex.embeds
+    if not embeds.pos_embed_ar_preserving or embeds.pos_embed_interp_mode != "bilinear":
+        raise ValueError(f"timm {name}: a grid resized other than RADIO's CPE (a square, bilinear)")
+    vit = {k: v for k, v in kwargs.items() if not k.startswith("pos_embed_")}
+    twin = "vit_" + name.removeprefix("naflexvit_")
+    return {"model": twin, "model_kwargs": vit, "num_heads": _timm_heads(twin, vit),
+            "cpe_align_corners": bool(embeds.pos_embed_align_corners)}  # fmt: skip
+
+
 def _read_timm(source: Path, weights: Mapping[str, Tensor], config: Mapping | None) -> Published:
     """timm's ``vit_*_radio_v*`` weights: ``cls_token [1, 1, D]`` then ``reg_token [1, R, D]``
     (RADIO's summary tokens and registers), ``pos_embed [1, g g, D]`` (the CPE grid timm
@@ -462,9 +509,13 @@ def _read_timm(source: Path, weights: Mapping[str, Tensor], config: Mapping | No
     cfg = (config or {}).get("pretrained_cfg") or {}
     if config is not None:
         name = str(config["architecture"])
-        kwargs = dict(config.get("model_args") or {})
-        architecture = {"model": name, "model_kwargs": kwargs,
-                        "num_heads": _timm_heads(name, kwargs)}  # fmt: skip
+        args = config.get("model_args") or {}
+        kwargs = {k: v for k, v in args.items() if k not in _TIMM_HEAD_ARGS}
+        if name.startswith("naflexvit_"):
+            architecture = _naflex_architecture(name, kwargs)
+        else:
+            architecture = {"model": name, "model_kwargs": kwargs,
+                            "num_heads": _timm_heads(name, kwargs)}  # fmt: skip
     if "mean" in cfg and "std" in cfg:
         state[CONDITIONER + "norm_mean"] = torch.tensor(cfg["mean"]).view(3, 1, 1)
         state[CONDITIONER + "norm_std"] = torch.tensor(cfg["std"]).view(3, 1, 1)

@@ -18,7 +18,8 @@ registers, whether there is a final norm, the feature normalizers (``_feature_no
 ``_intermediate_feature_normalizer.*``: :mod:`radio_lit.students.feature_normalizer`). The
 weights are not loaded here: ``init_from`` loads them. ``[choice]``: NVlabs' grid is resized
 as its inference code does (``cpe_align_corners: false``), which RADIO's layout needs and the
-import reproduces.
+import reproduces; a timm ``naflexvit_*_radio_*`` folder's as timm's class resizes it
+(C-RADIOv3-B and -H with ``align_corners=True``, as released).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def published_architecture(published: Published) -> dict[str, Any]:
         "num_cls_tokens": None if num_cls == len(names) > 1 else num_cls,
         "summary_tokens": names if num_cls == len(names) > 1 else None,
         "num_registers": int(state[PREFIX_TOKENS].shape[0]) - num_cls,
-        "cpe_align_corners": False,
+        "cpe_align_corners": bool(named.get("cpe_align_corners", False)),
         "feature_normalizer": "_feature_normalizer.mean" in state,
         "intermediate_normalizers": 0 if inter is None else int(inter.shape[0]),
         "intermediate_rotation_per_layer": rotation is not None and rotation.ndim == 3,
