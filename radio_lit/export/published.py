@@ -164,6 +164,14 @@ def _read_nvlabs(path: Path, checkpoint: Mapping[str, Any]) -> Published:
     ema = "state_dict_ema" in checkpoint
     state = dict(checkpoint["state_dict_ema" if ema else "state_dict"])
     state = {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
+    if str(args.get("model", "")).startswith("eradio") and EMBEDDER not in state:
+        raise ValueError(
+            f"model.init_from: {path} is NVlabs' E-RADIO (args.model {args['model']!r}, "
+            "radio/eradio_model.py's hybrid convolution and windowed-attention trunk), which "
+            "radio-lit cannot import: its ERadio student follows AM-RADIO's paper, not that "
+            "file's modules; train radio_lit.students.ERadio from scratch, or start from a ViT "
+            "RADIO (RADIOv2.5, C-RADIOv3, C-RADIOv4)"
+        )
     if EMBEDDER not in state:
         raise refuse(path, f"args and a state_dict without {EMBEDDER} (keys {_first(state)})")
     fmt = "radio-lit export (NVlabs layout)" if "radio_lit" in args else "NVlabs checkpoint"

@@ -6,6 +6,8 @@ radio_reference.py), <= 1e-5 relative, in eval mode."""
 
 from __future__ import annotations
 
+from argparse import Namespace
+
 import pytest
 import torch
 
@@ -134,4 +136,23 @@ def test_a_student_without_the_source_s_feature_normalizer_is_refused_naming_the
                            num_registers=5, cpe_align_corners=False)  # fmt: skip
     with pytest.raises(ValueError, match="feature_normalizer: true") as error:
         tiny_module(student=student, normalizer=PhiS, init_from=str(path))
+    assert "\n" not in str(error.value)
+
+
+def test_nvlabs_e_radio_is_refused_naming_what_to_do_instead(tmp_path):
+    """NVlabs' E-RADIO (``e-radio_v2``: radio/common.py; ``args.model`` an ``eradio_*`` of
+    radio/eradio_model.py, whose ``ERADIO.patch_embed.conv_down`` is a stack of ``Conv2d_BN``
+    ``conv``/``bn`` pairs): one line saying it cannot be imported and what to start from."""
+    from radio_lit.export.published import read_published
+
+    state = {
+        "base_model.patch_embed.conv_down.0.conv.weight": torch.zeros(32, 3, 3, 3),
+        "base_model.patch_embed.conv_down.0.bn.weight": torch.ones(32),
+        "input_conditioner.norm_mean": torch.zeros(3, 1, 1),
+        "input_conditioner.norm_std": torch.ones(3, 1, 1),
+    }
+    checkpoint = {"args": Namespace(model="eradio", teachers=[]), "state_dict": state}
+    path = save_pth(checkpoint, tmp_path / "eradio_v2.pth.tar")
+    with pytest.raises(ValueError, match="E-RADIO.*cannot import.*ERadio") as error:
+        read_published(path)
     assert "\n" not in str(error.value)
