@@ -21,13 +21,12 @@ import torch
 import yaml
 from torch import Tensor
 
-from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
+from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots, token_slots
 from radio_lit.export.head_spaces import ImportedHeads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import Student, TeacherHeads
 from radio_lit.students.conditioner import saved_conditioner
-from radio_lit.students.heads import summary_token_slots
 
 log = logging.getLogger(__name__)
 
@@ -286,14 +285,6 @@ def checkpoint_inference_model(
     return inference_model(
         student, heads, normalizers, teachers, tuple(mean), tuple(std), tuple(resolution)
     )
-
-
-def token_slots(has_summary: dict[str, bool], student: Student) -> dict[str, int]:
-    """The summary token each teacher reads, and for a teacher without summary the token the
-    student's ``summary_tokens`` declare for it (its RADIO ``token_slot``)."""
-    slots = summary_token_slots(has_summary, student)
-    declared = student.summary_tokens or []
-    return {**{n: declared.index(n) for n in has_summary if n in declared}, **slots}
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
