@@ -19,6 +19,10 @@ imports its trunk, conditioner and the ``clip``, ``dino`` and ``sam`` heads, the
 - ``MAX_STEPS`` steps: statistics estimated and refitted at steps 0 and 1, the trunk frozen at
   step 0 and trained from step 1 (the config's callbacks, shortened; no logger or checkpoint).
 
+The FSDP2 run saves a checkpoint after ``RESUME_FROM`` steps (``ModelCheckpoint``, a
+distributed checkpoint folder); ``fsdp2-resumed`` resumes it (``ckpt_path``) on 2 ranks for
+the last step.
+
 Each rank writes ``rank{R}.pt``: its ``losses`` per step and the ``weights`` of the student and
 heads (gathered in full) before training and after each step
 (:class:`tests.distributed.distributed_fit.Recorder`).
@@ -37,6 +41,7 @@ from tests.forking import REPO
 
 CONFIG = "configs/recipes/adapt/quickstart.yaml"
 MAX_STEPS = 3
+RESUME_FROM = 2  # the FSDP2 runs' checkpoint: after the statistics' estimation
 GLOBAL_BATCH = 8
 STRATEGIES = {
     "one": "auto",
@@ -63,20 +68,27 @@ CALLBACKS = [
 ]
 
 
-def overrides(kind: str, stand_in: str) -> list[str]:
+def overrides(kind: str, stand_in: str, output: Path) -> list[str]:
     """The twin's command line for ``kind`` (see the module docstring)."""
     from radio_lit.planning.random_weights import override
 
     devices = 1 if kind == "one" else 2
+    callbacks = CALLBACKS
+    if kind.startswith("fsdp2"):  # a checkpoint after RESUME_FROM steps, to resume from
+        callbacks = [*CALLBACKS, {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(output / "checkpoints"), "filename": "{step}",
+                          "every_n_train_steps": RESUME_FROM, "save_top_k": -1},
+        }]  # fmt: skip
     out = [f"--model.init_from={stand_in}"]
     for name in ("quickstart", "clip", "dino", "sam"):
         out.append(f"--model.teachers.{name}.init_args.model={stand_in}")
     out += [
         f"--trainer.devices={devices}",
-        override("--trainer.strategy", STRATEGIES[kind]),
-        override("--trainer.callbacks", CALLBACKS),
+        override("--trainer.strategy", STRATEGIES[kind.removesuffix("-resumed")]),
+        override("--trainer.callbacks", callbacks),
         "--trainer.logger=false",
-        "--trainer.enable_checkpointing=false",
+        f"--trainer.enable_checkpointing={kind.startswith('fsdp2')}",
         f"--data.init_args.batch_size={GLOBAL_BATCH // devices}",
         f"--data.init_args.num_samples={GLOBAL_BATCH * MAX_STEPS}",
         "--data.init_args.val_dir=null",
@@ -86,13 +98,15 @@ def overrides(kind: str, stand_in: str) -> list[str]:
     return out
 
 
-def main(kind: str, output: Path, stand_in: str) -> None:
+def main(kind: str, output: Path, stand_in: str, resume: str | None = None) -> None:
+    """Rank ``LOCAL_RANK``'s run of ``kind`` (``one``, ``ddp``, ``fsdp2``, or
+    ``fsdp2-resumed``: from the checkpoint ``resume``)."""
     from benchmarks.harness import build
 
-    cli = build(REPO / CONFIG, overrides(kind, stand_in), max_steps=MAX_STEPS)
+    cli = build(REPO / CONFIG, overrides(kind, stand_in, output), max_steps=MAX_STEPS)
     recorder = Recorder()
     cli.trainer.callbacks.append(recorder)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume)
     rank = cli.trainer.global_rank
     result = {
         "losses": recorder.losses,
@@ -110,6 +124,6 @@ def main(kind: str, output: Path, stand_in: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         raise SystemExit(__doc__)
-    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:])

@@ -42,7 +42,7 @@ def _one_process(out: Path, stand_in: str) -> forking.Forked:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], list[dict]]]:
     """``runs(kind)``: what each rank of the twin's ``kind`` run wrote (``one``, ``ddp``,
-    ``fsdp2``); the three start at once on first use."""
+    ``fsdp2``: the three start at once on first use; ``fsdp2-resumed`` after ``fsdp2``)."""
     from tests.published_stand_in import radio_stand_in
 
     folder = tmp_path_factory.mktemp("adapt-twin")
@@ -58,7 +58,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], l
 
     def get(kind: str) -> list[dict]:
         if kind not in results:
-            if kind == "one":
+            if kind == "fsdp2-resumed":  # from the FSDP2 run's checkpoint, once it is written
+                get("fsdp2")
+                saved = launches["fsdp2"].out / "checkpoints" / f"step={twin.RESUME_FROM}.ckpt"
+                resumed = tmp_path_factory.mktemp(kind)
+                launches[kind] = _Launch.start(kind, resumed, TARGET, (stand_in, str(saved)))
+                results[kind] = _result(launches[kind])
+            elif kind == "one":
                 ended = one.wait(started + RUN_TIMEOUT_S)
                 if ended.exitcode != 0:
                     pytest.fail(f"the one-process twin failed:\n{ended.stderr[-12000:]}")
@@ -104,3 +110,18 @@ def test_the_adapt_twin_on_two_ranks_trains_as_on_one(runs, kind):
     after_frozen, last = one["weights"][1], one["weights"][-1]
     assert all(torch.equal(after_frozen[k], initial[k]) for k in trunk)  # FreezeBody, step 0
     assert any(not torch.equal(last[k], initial[k]) for k in trunk)  # trained after
+
+
+def test_the_fsdp2_adapt_twin_resumes_exactly(runs):
+    """Resumed on 2 ranks from its checkpoint after ``RESUME_FROM`` steps (a distributed
+    checkpoint: the student, the imported heads, their spaces and the statistics, the sharded
+    optimizer state, the sampler's position), the FSDP2 twin takes the step it took, bit for
+    bit: the same computation run twice."""
+    full, resumed = runs("fsdp2"), runs("fsdp2-resumed")
+    at = twin.RESUME_FROM
+    for rank in range(2):
+        assert resumed[rank]["losses"] == full[rank]["losses"][at:], f"rank {rank}"
+        start, end = resumed[rank]["weights"][0], resumed[rank]["weights"][-1]
+        for key, value in full[rank]["weights"][-1].items():
+            assert torch.equal(start[key], full[rank]["weights"][at][key]), f"{rank} {key}"
+            assert torch.equal(end[key], value), f"rank {rank} {key} after the resumed step"
