@@ -291,9 +291,19 @@ def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tenso
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def ignore_teacher_weights(module: Any, incompatible: Any) -> None:
-    """A ``load_state_dict`` post-hook of the training module: teacher weights are never saved
-    in a checkpoint (they reload from their source), so ``teachers.*`` keys are not missing."""
-    incompatible.missing_keys[:] = [
-        k for k in incompatible.missing_keys if not k.startswith(TEACHER_PREFIX)
-    ]
+def keep_teacher_weights(module: Any) -> None:
+    """The training module's ``load_state_dict`` keeps its teachers' weights: they are never
+    saved in a checkpoint (they reload from their source), so a pre-hook gives the state the
+    ``teachers.*`` keys it lacks, the teachers' own tensors. None is missing then, and no
+    teacher's own loading sees a key missing (NVlabs' LayerScale, ``radio/dinov2_arch.py``,
+    raises on one whatever ``strict``: a stage 2 or a resume with such a RADIO teacher)."""
+    module.register_load_state_dict_pre_hook(_own_teacher_weights)
+
+
+def _own_teacher_weights(
+    module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+) -> None:
+    for name, teacher in module.teachers.items():  # Teacher.state_dict is empty: nn.Module's
+        at = f"{prefix}{TEACHER_PREFIX}{name}."
+        for key, value in torch.nn.Module.state_dict(teacher, prefix=at).items():
+            state_dict.setdefault(key, value)
