@@ -209,11 +209,11 @@ def step0(cli: Any, source_model: Any, images: torch.Tensor) -> dict[str, str]:
         student = module.student(normalize_view(images, *module.conditioner.values))
         got = {"backbone": (student.summary[:, source_model.summary_idxs].flatten(1),
                             student.features)}  # fmt: skip
-        for name in RUN_HEADS:
+        for name in RUN_HEADS:  # sam: no summary token (use_summary: false)
             heads, slot = module.heads[name], module.summary_token.get(name)
             summary = heads.summary(student.summary[:, slot]) if slot is not None else None
             got[name] = (summary, heads.features(student.features))
-    module.train()  # sam: no summary (use_summary: false)
+    module.train()
     return compare(got, source_model, ["backbone", *RUN_HEADS], images)
 
 

@@ -17,7 +17,7 @@ imports its trunk, conditioner and the ``clip``, ``dino`` and ``sam`` heads, the
 - the CPE windows: the whole grid (``cpe_min_scale: 1``, ``cpe_max_aspect: 1``) [choice], so
   that no random draw differs between a rank and the one process;
 - ``MAX_STEPS`` steps: statistics estimated and refitted at steps 0 and 1, the trunk frozen at
-  step 0 and trained from step 1 (the config's callbacks, shortened; no logger or checkpoint).
+  step 0 and trained from step 1 (the config's callbacks, shortened; no logger).
 
 The FSDP2 run saves a checkpoint after ``RESUME_FROM`` steps (``ModelCheckpoint``, a
 distributed checkpoint folder); ``fsdp2-resumed`` resumes it (``ckpt_path``) on 2 ranks for
