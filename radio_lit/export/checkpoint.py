@@ -303,7 +303,12 @@ def keep_teacher_weights(module: Any) -> None:
 def _own_teacher_weights(
     module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
 ) -> None:
-    for name, teacher in module.teachers.items():  # Teacher.state_dict is empty: nn.Module's
-        at = f"{prefix}{TEACHER_PREFIX}{name}."
-        for key, value in torch.nn.Module.state_dict(teacher, prefix=at).items():
+    # Teacher.state_dict is empty (a wrapped teacher's too): each module's own tensors, every
+    # name of a module shared by several entries (one RADIO model for each of its outputs).
+    at = prefix + TEACHER_PREFIX.rstrip(".")
+    teachers = module.teachers.named_modules(prefix=at, remove_duplicate=False)
+    for name, part in teachers:
+        own: dict[str, Any] = {}
+        part._save_to_state_dict(own, name + ".", False)
+        for key, value in own.items():
             state_dict.setdefault(key, value)
