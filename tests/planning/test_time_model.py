@@ -100,7 +100,16 @@ def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(tmp_path, capsys):
     dims = {(r[1], r[2]) for r in written["attention"]["float32"]}
     assert dims == {(d, p) for d in (64, 72, 80, 128) for p in (0, 1)}
     assert written["memory_gb_per_s"] > 0 and written["op_us"] >= 0
+    # the reference: one distillation at three batches, the same operations on more bytes
+    steps = written["reference_steps"]
+    assert [s["batch"] for s in steps] == [2, 8, 32]
+    assert len({s["operations"] for s in steps}) == 1 and steps[0]["bytes"] < steps[2]["bytes"]
+    # gloo between two processes: each collective a bandwidth and a latency
+    assert set(written["collectives"]) == {"all-reduce", "all-gather", "reduce-scatter"}
+    assert all(rate > 0 and latency >= 0 for rate, latency in written["collectives"].values())
     model = load_time_model(path)
+    assert model.collectives == written["collectives"]
+    assert model.copy_gb_per_s == written["copy_gb_per_s"]
     # a product the calibration measured, priced at what it measured
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     counter = StepCounter()
