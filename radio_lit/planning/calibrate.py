@@ -221,7 +221,9 @@ def _reference_steps(
     optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (curves.copy_gb_per_s * 1e9)
     rows = []
     for batch, seconds in measured.items():
-        count = count_step(module, mode, 96, batch, None)
+        with warnings.catch_warnings():  # its self.log outside a Trainer: nothing to log
+            warnings.simplefilter("ignore")
+            count = count_step(module, mode, 96, batch, None)
         moved = sum(count.ops.moved.values())
         left = seconds - sum(bare.price(count.ops).values()) / 1e3 - optimizer
         rows.append(

@@ -33,10 +33,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 import yaml
 
 from benchmarks import gpu_check
 from benchmarks.plan_check import planned
+from radio_lit.planning.counting import StepCounter
+from radio_lit.planning.time_model import load_time_model
 from tests.planning.cpu_fit import RUNS, _config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +61,41 @@ def calibration(tmp_path_factory) -> Path:
     command = [sys.executable, "-m", "radio_lit", "plan", "--calibrate", str(path), "--quick"]
     run = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert yaml.safe_load(path.read_text())["measured"]["threads"] == 1
+    assert f"--calibration {path}" in run.stdout  # how to use it
     return path
+
+
+@pytest.mark.slow
+def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(calibration):
+    written = yaml.safe_load(calibration.read_text())
+    measured = written["measured"]
+    assert measured["timer"] == "process CPU time" and measured["threads"] == 1
+    assert measured["versions"]["torch"] == str(torch.__version__)
+    assert {"date", "commit", "how", "collectives"} <= set(measured)
+    assert all(r[-1] > 0 for r in written["gemm"]["float32"])
+    dims = {(r[1], r[2]) for r in written["attention"]["float32"]}
+    assert dims == {(d, p) for d in (64, 72, 80, 128) for p in (0, 1)}
+    assert written["memory_gb_per_s"] > 0 and written["op_us"] >= 0
+    # the reference: one distillation at three batches, the same operations on more bytes
+    steps = written["reference_steps"]
+    assert [s["batch"] for s in steps] == [2, 8, 32]
+    assert len({s["operations"] for s in steps}) == 1 and steps[0]["bytes"] < steps[2]["bytes"]
+    # gloo between two processes: each collective a bandwidth and a latency
+    assert set(written["collectives"]) == {"all-reduce", "all-gather", "reduce-scatter"}
+    assert all(rate > 0 and latency >= 0 for rate, latency in written["collectives"].values())
+    model = load_time_model(calibration)
+    assert model.collectives == written["collectives"]
+    assert model.copy_gb_per_s == written["copy_gb_per_s"]
+    # a product the calibration measured, priced at what it measured
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    counter = StepCounter()
+    with counter:
+        F.linear(a, b)
+    rate = next(r[3] for r in written["gemm"]["float32"] if r[:3] == [256, 256, 256])
+    rest = counter.ops.moved["other"] / (model.memory_gb_per_s * 1e9)
+    rest += counter.ops.calls["other"] * model.op_us * 1e-6
+    gemm = model.price(counter.ops)["other"] - rest * 1e3
+    assert gemm == pytest.approx(2 * 256**3 / (rate * 1e12) * 1e3, rel=1e-6)
 
 
 def _planned(kind: str, processes: int, calibration: Path) -> dict:
@@ -96,6 +133,7 @@ def _fit(kind: str, processes: int) -> dict[int, dict]:
 @pytest.mark.parametrize("kind", RUNS)
 def test_the_plan_holds_and_times_what_a_real_fit_does(kind, processes, calibration):
     stage = _planned(kind, processes, calibration)
+    assert "gloo's collectives measured" in stage["basis"]["communication"]
     measured = _fit(kind, processes)
     assert sorted(measured) == list(range(processes))
     planned_ranks = {r["rank"]: r for r in stage["ranks"]}  # the first rank of each kind
