@@ -114,3 +114,12 @@ def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_pa
     )
     model = load_calibration(str(curves))
     assert isinstance(model, TimeModel) and model.basis.startswith("measured on a CPU")
+
+
+def test_a_fused_optimizer_streams_at_the_copy_bandwidth_foreach_at_the_others():
+    model = _model(copy_gb_per_s=50.0)
+    fused = model.times({}, 1_000_000)["optimizer"]
+    foreach = model.times({}, 1_000_000, fused=False)["optimizer"]
+    assert fused == pytest.approx(28e6 / 50e9 * 1e3)  # AdamW: 28 bytes a float32 parameter
+    assert foreach == pytest.approx(28e6 / 100e9 * 1e3)  # at memory_gb_per_s
+    assert _model().times({}, 1_000_000)["optimizer"] == foreach  # no copy measured
