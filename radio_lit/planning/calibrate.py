@@ -32,6 +32,7 @@ import io
 import itertools
 import math
 import platform
+import queue as queue_module
 import statistics
 import subprocess
 import time
@@ -272,11 +273,13 @@ def _least_squares(x: list[tuple[float, float]], y: list[float]) -> tuple[float,
 
 #: Values of float32 per rank of the measured collectives: a small and a large message.
 COLLECTIVE_SIZES = (2**14, 2**21)
+#: Seconds to wait for the two gloo ranks before the collectives are left unmeasured.
+COLLECTIVE_TIMEOUT_S = 300
 
 
 def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) -> None:
-    """One of the two gloo ranks of :func:`_collectives`: each collective at each size, a
-    warm-up then the least of five (process CPU time, the communication threads included);
+    """One of the two gloo ranks of :func:`_collectives`: each collective at each size, the
+    least of six runs (process CPU time, the communication threads included);
     rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
     import torch.distributed as dist
 
@@ -307,13 +310,14 @@ def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) ->
 def _collectives() -> dict[str, list[float]]:
     """Gloo's collectives between two processes of this CPU (``torch.multiprocessing``,
     spawned): per operation ``[GB/s of the bytes a rank sends, latency in ms]``, the line
-    through a small and a large message (:data:`COLLECTIVE_SIZES`)."""
+    through a small and a large message (:data:`COLLECTIVE_SIZES`); empty when the two ranks
+    did not report within :data:`COLLECTIVE_TIMEOUT_S`."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
-    queue = context.SimpleQueue()
+    queue = context.Queue()
     with tempfile.TemporaryDirectory() as folder:
         store = str(Path(folder) / "store")
         ranks = [
@@ -322,9 +326,14 @@ def _collectives() -> dict[str, list[float]]:
         ]
         for process in ranks:
             process.start()
-        rows = queue.get()
+        try:
+            rows = queue.get(timeout=COLLECTIVE_TIMEOUT_S)
+        except queue_module.Empty:  # a rank failed (no gloo) or hung: not measured
+            rows = {}
         for process in ranks:
-            process.join()
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
     out = {}
     for op, ((small, t_small), (large, t_large)) in rows.items():
         per_byte = max((t_large - t_small) / (large - small), 1e-15)
@@ -389,8 +398,8 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - started, 1),
             "collectives": "gloo between two processes of this CPU"
             if measured_collectives
-            else f"not measured ({visible} device(s) visible; this version measures NCCL's "
-            "none): the plan takes devices.yaml's link bandwidths",
+            else f"not measured ({visible} device(s) visible; this version measures gloo's "
+            "on a CPU only): the plan takes devices.yaml's link bandwidths",
         },
         "gemm": gemm,
         "attention": attention,
