@@ -33,6 +33,7 @@ import itertools
 import math
 import platform
 import queue as queue_module
+import statistics
 import subprocess
 import time
 import warnings
@@ -160,10 +161,9 @@ def _reference_module() -> Any:
 
 
 def _fit_steps(device: torch.device, now: Any, rounds: int) -> dict[int, float]:
-    """The least seconds of a real ``Trainer.fit`` step of :func:`_reference_module` at each
-    of :data:`REFERENCE_BATCHES` (96 px uint8 crops; forward, backward, optimizer step and the
-    loop's hooks, as a run's step: the data loading outside) [choice: the least, as for the
-    curves: the steps do the same work, and a busy machine only ever adds to a step's time]."""
+    """Median seconds of a real ``Trainer.fit`` step of :func:`_reference_module` at each of
+    :data:`REFERENCE_BATCHES` (96 px uint8 crops; forward, backward, optimizer step and the
+    loop's hooks, as a run's step: the data loading outside)."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
@@ -195,7 +195,7 @@ def _fit_steps(device: torch.device, now: Any, rounds: int) -> dict[int, float]:
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(_reference_module(), DataLoader(images, batch_sampler=batches))
-    return {b: min(t) for b, t in times.items()}
+    return {b: statistics.median(t) for b, t in times.items()}
 
 
 def _reference_steps(

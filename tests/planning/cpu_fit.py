@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -126,8 +127,7 @@ PROFILED, TIMED = 3, 5
 
 def measured(config: gpu_check.ShippedConfig, extra: list[str]) -> tuple[int, float]:
     """One fit's peak bytes (:class:`_Kept` plus the profiled peak) in its first
-    :data:`PROFILED` steps and the least CPU seconds of its last :data:`TIMED` steps (the
-    steps do the same work; a busy machine only adds to one: as the calibration takes them)."""
+    :data:`PROFILED` steps and the median CPU seconds of its last :data:`TIMED` steps."""
     steps = PROFILED + 1 + TIMED
     cli = gpu_check.build(
         config, device="cpu", size="cpu", extra=[f"--trainer.max_steps={steps}", *extra]
@@ -137,7 +137,7 @@ def measured(config: gpu_check.ShippedConfig, extra: list[str]) -> tuple[int, fl
     gc.collect()
     profiled.profile.__enter__()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return kept.kept + _profiled_peak(profiled.profile), min(timer.steps)
+    return kept.kept + _profiled_peak(profiled.profile), statistics.median(timer.steps)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ is a one-teacher distillation of its own, ``radio_lit/planning/calibrate.py``).
 - memory: the tensors made before the fit still alive in its step 1 (teachers, buffers;
   FSDP2 replaces the student's and heads' by their shards) plus the largest total the CPU
   allocator reported to ``torch.profiler`` during the fit, against the rank's planned total;
-- time: each rank's process CPU time per step (the least of its last five steps;
+- time: each rank's process CPU time per step (the median of the steps after the first two;
   its communication threads included, waiting for the other rank not), against the rank's
   planned step plus the planned communication. Calibration and fits at one thread
   (``OMP_NUM_THREADS=1``, the calibration's ``threads``): on this shared CPU a second
