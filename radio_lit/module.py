@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from radio_lit.core.compiling import CompileOption, compile_models
 from radio_lit.data.views import as_float_images, resize_view
 from radio_lit.export import ImportedHeads, initialize, module_inference_model
-from radio_lit.export.checkpoint import ignore_teacher_weights
+from radio_lit.export.checkpoint import keep_teacher_weights
 from radio_lit.geometry.grid import GridPolicy, check_policies, student_input_size
 from radio_lit.losses import MSE, BalancerFactory, Cosine, Weighted
 from radio_lit.losses.angular import summary_dispersions
@@ -143,7 +143,7 @@ class DistillationModule(pl.LightningModule):
         self.student_step = StudentStep(student.patch_size, size, self.conditioner, *parts)
         self.compile_option, self.fsdp2 = compile, fsdp2
         self.estimate_statistics = self.refit_statistics = False  # TeacherStatsEstimation's
-        self.register_load_state_dict_post_hook(ignore_teacher_weights)
+        keep_teacher_weights(self)
         self.ema = None if mesa is None else EMAStudent(student, self.heads, mesa.decay)
         if mesa is not None:
             self.register_load_state_dict_pre_hook(fill_missing_ema)

@@ -21,13 +21,12 @@ import torch
 import yaml
 from torch import Tensor
 
-from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots
+from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots, token_slots
 from radio_lit.export.head_spaces import ImportedHeads
 from radio_lit.export.model import RadioLitModel
 from radio_lit.normalizers import Identity, Normalizer
 from radio_lit.students import Student, TeacherHeads
 from radio_lit.students.conditioner import saved_conditioner
-from radio_lit.students.heads import summary_token_slots
 
 log = logging.getLogger(__name__)
 
@@ -288,21 +287,28 @@ def checkpoint_inference_model(
     )
 
 
-def token_slots(has_summary: dict[str, bool], student: Student) -> dict[str, int]:
-    """The summary token each teacher reads, and for a teacher without summary the token the
-    student's ``summary_tokens`` declare for it (its RADIO ``token_slot``)."""
-    slots = summary_token_slots(has_summary, student)
-    declared = student.summary_tokens or []
-    return {**{n: declared.index(n) for n in has_summary if n in declared}, **slots}
-
-
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def ignore_teacher_weights(module: Any, incompatible: Any) -> None:
-    """A ``load_state_dict`` post-hook of the training module: teacher weights are never saved
-    in a checkpoint (they reload from their source), so ``teachers.*`` keys are not missing."""
-    incompatible.missing_keys[:] = [
-        k for k in incompatible.missing_keys if not k.startswith(TEACHER_PREFIX)
-    ]
+def keep_teacher_weights(module: Any) -> None:
+    """The training module's ``load_state_dict`` keeps its teachers' weights: they are never
+    saved in a checkpoint (they reload from their source), so a pre-hook gives the state the
+    ``teachers.*`` keys it lacks, the teachers' own tensors. None is missing then, and no
+    teacher's own loading sees a key missing (NVlabs' LayerScale, ``radio/dinov2_arch.py``,
+    raises on one whatever ``strict``: a stage 2 or a resume with such a RADIO teacher)."""
+    module.register_load_state_dict_pre_hook(_own_teacher_weights)
+
+
+def _own_teacher_weights(
+    module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+) -> None:
+    # Teacher.state_dict is empty (a wrapped teacher's too): each module's own tensors, every
+    # name of a module shared by several entries (one RADIO model for each of its outputs).
+    at = prefix + TEACHER_PREFIX.rstrip(".")
+    teachers = module.teachers.named_modules(prefix=at, remove_duplicate=False)
+    for name, part in teachers:
+        own: dict[str, Any] = {}
+        part._save_to_state_dict(own, name + ".", False)
+        for key, value in own.items():
+            state_dict.setdefault(key, value)

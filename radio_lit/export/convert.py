@@ -29,7 +29,8 @@ from radio_lit.export.model import (
     zero_summary_head,
 )
 from radio_lit.normalizers import Normalizer
-from radio_lit.students import CPEViT, ERadio, TeacherHeads, fold_spectral_reparam
+from radio_lit.students import CPEViT, ERadio, Student, TeacherHeads, fold_spectral_reparam
+from radio_lit.students.heads import summary_token_slots
 
 #: NVlabs/RADIO adaptor ``type`` per radio-lit teacher class (an unregistered type gets RADIO's
 #: GenericAdaptor; ``open_clip`` also loads the CLIP text tower, see :func:`teacher_entry`).
@@ -302,11 +303,21 @@ def teacher_slots(
     return {n: summary_slots.get(n, names.index(n) if per_teacher else 0) for n in names}
 
 
+def token_slots(has_summary: Mapping[str, bool], student: Student) -> dict[str, int]:
+    """The summary token each teacher reads, and for a teacher without summary the token the
+    student's ``summary_tokens`` declare for it (its RADIO ``token_slot``)."""
+    slots = summary_token_slots(has_summary, student)
+    declared = student.summary_tokens or []
+    return {**{n: declared.index(n) for n in has_summary if n in declared}, **slots}
+
+
 def module_inference_model(module: Any) -> RadioLitModel:
     """:func:`inference_model` of a :class:`~radio_lit.module.DistillationModule` as it is now
     (its teachers' types from their classes)."""
     has_summary = {name: heads.summary is not None for name, heads in module.heads.items()}
-    slots = teacher_slots(has_summary, module.summary_token, module.student.num_cls_tokens)
+    slots = teacher_slots(
+        has_summary, token_slots(has_summary, module.student), module.student.num_cls_tokens
+    )
     teachers = [
         teacher_entry(
             name, type(module.teachers[name]).__name__, {}, has_summary[name], slots[name]

@@ -8,7 +8,8 @@
   adaptor heads ``_heads.<name | index>`` and ``_feature_projections.<name | index>``;
   σReparam weights realized where the file holds them parametrized
   (``<layer>.parametrizations.weight.original`` and ``…weight.0[.parts.<c>]._u/_v/scale``,
-  NVlabs' ``_SNReweight``: ``W · γ / (uᵀ W v + eps)``);
+  NVlabs' ``_SNReweight``: ``W · γ / (uᵀ W v + eps)``, after the power iteration that
+  ``hubconf.radio_model`` runs when it realizes them on a module in training mode);
 - a Hugging Face folder: NVlabs' (``config.json`` with ``args``, ``radio_model.model.*``,
   ``radio_model.input_conditioner.*``, ``radio_model.adaptors.<name>.head_mlp|feat_mlp.*``),
   transformers' native ``RadioModel`` (``model_type: radio``; its own names, or NVlabs' as
@@ -175,12 +176,21 @@ def _read_nvlabs(path: Path, checkpoint: Mapping[str, Any]) -> Published:
     if EMBEDDER not in state:
         raise refuse(path, f"args and a state_dict without {EMBEDDER} (keys {_first(state)})")
     fmt = "radio-lit export (NVlabs layout)" if "radio_lit" in args else "NVlabs checkpoint"
-    return _published(path, fmt + (", state_dict_ema" if ema else ""), args, state)
+    # hubconf.radio_model realizes a state_dict's σReparam weights (disable_spectral_reparam)
+    # on a module still in training mode: each _SNReweight runs its power iteration once more
+    # first. Its EMA branch turns σReparam off instead.
+    option = None if ema else args.get("spectral_reparam")
+    iterations = _spectral_iterations(option)
+    return _published(path, fmt + (", state_dict_ema" if ema else ""), args, state, iterations)
 
 
-def _published(path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tensor]) -> Published:
-    """A :class:`Published` from NVlabs ``args`` and a state dict in NVlabs' names."""
-    state = realize_spectral_reparam(state, _spectral_eps(args.get("spectral_reparam")))
+def _published(
+    path: Path, fmt: str, args: dict[str, Any], state: dict[str, Tensor], iterations: int = 0
+) -> Published:
+    """A :class:`Published` from NVlabs ``args`` and a state dict in NVlabs' names; σReparam
+    realized after ``iterations`` power iterations (:func:`realize_spectral_reparam`)."""
+    eps = _spectral_eps(args.get("spectral_reparam"))
+    state = realize_spectral_reparam(state, eps, iterations)
     teachers = [dict(t) for t in args.get("teachers") or []]
     extras = args.get("radio_lit") or {}
     per_teacher = bool(args.get("cls_token_per_teacher"))
@@ -297,12 +307,24 @@ def _spectral_eps(option: Any) -> float:
     return 1e-6
 
 
-def realize_spectral_reparam(state: dict[str, Tensor], eps: float = 1e-6) -> dict[str, Tensor]:
+def _spectral_iterations(option: Any) -> int:
+    """The power iterations NVlabs' ``_SNReweight`` runs per call in training mode: 1 with
+    ``spectral_reparam: true``, the dict's ``n_power_iterations`` (default 1); none without."""
+    if isinstance(option, Mapping):
+        return int(option.get("n_power_iterations", 1))
+    return 1 if option else 0
+
+
+def realize_spectral_reparam(
+    state: dict[str, Tensor], eps: float = 1e-6, iterations: int = 0
+) -> dict[str, Tensor]:
     """``state`` with every parametrized weight (``<layer>.parametrizations.weight.original``
     and its ``_SNReweight`` state, one per row chunk under ``….weight.0.parts.<c>``) replaced by
-    the weight it applies in eval mode, ``<layer>.weight``: per chunk ``W γ / (uᵀ W v + eps)``,
-    ``γ = scale`` (version 1) or ``softplus(scale) + 0.05`` (version 2; NVlabs'
-    ``_sn_version``), computed in float64; a missing chunk (``parts.<c>`` absent) is as it is."""
+    the weight it applies, ``<layer>.weight``: per chunk ``W γ / (uᵀ W v + eps)``, ``γ = scale``
+    (version 1) or ``softplus(scale) + 0.05`` (version 2; NVlabs' ``_sn_version``), after
+    ``iterations`` power iterations on ``u`` and ``v`` (torch's ``_SpectralNorm._power_method``:
+    ``u = W v / |W v|``, ``v = Wᵀ u / |Wᵀ u|``; 0: as in eval mode), computed in float64; a
+    missing chunk (``parts.<c>`` absent) is as it is."""
     marker = ".parametrizations.weight."
     layers = {k.split(marker)[0] for k in state if marker in k}
     if not layers:
@@ -322,6 +344,9 @@ def realize_spectral_reparam(state: dict[str, Tensor], eps: float = 1e-6) -> dic
             if base + "_u" not in params:
                 continue  # an identity chunk (NVlabs' values without renorm_values)
             u, v = params[base + "_u"].double(), params[base + "_v"].double()
+            for _ in range(iterations):
+                u = F.normalize(weight @ v, dim=0, eps=eps)
+                v = F.normalize(weight.T @ u, dim=0, eps=eps)
             sigma = torch.dot(u, weight @ v) + eps
             scale = params[base + "scale"].double().reshape(-1)[:1]
             if int(params.get(base + "_sn_version", torch.tensor(1))) == 2:

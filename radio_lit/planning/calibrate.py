@@ -8,12 +8,14 @@ Measured, each on real tensors of the device (CUDA if visible, else the CPU):
 - **attention** (``F.scaled_dot_product_attention``, forward and backward) over sequence
   lengths and the head dims radio-lit's models use (64, 72, 80, 128): achieved TFLOP/s;
 - **memory bandwidth**: a large copy, bytes read plus written per second (``copy_gb_per_s``);
-- **the other operations' bandwidth and the host's cost per operation**: real training steps
-  (forward, backward, AdamW) of a small ViT at two batch sizes, timed, their operations
-  counted (:class:`~radio_lit.planning.counting.StepCounter`); what the curves above do not
-  explain is fitted as bytes at ``memory_gb_per_s`` plus ``op_us`` per operation;
-- **collectives**: not measured by this version (the plan takes the link bandwidths of
-  ``devices.yaml``); the file says so.
+- **the other operations' bandwidth and the host's cost per operation**: real Lightning
+  training steps of a tiny distillation (one teacher, a CPE ViT student) at three batch
+  sizes, timed, their operations counted as ``radio-lit plan`` counts them
+  (:func:`_reference_steps`); what the curves above do not explain is fitted as bytes at
+  ``memory_gb_per_s`` plus ``op_us`` per operation (Python, dispatch, the loop's hooks);
+- **collectives**: on a CPU, gloo's all-reduce, all-gather and reduce-scatter between two
+  processes, each a bandwidth and a latency (:func:`_collectives`); on CUDA not measured by
+  this version (the plan takes the link bandwidths of ``devices.yaml``; the file says so).
 
 Timing [choice]: on CUDA wall time between synchronisations; on a CPU the process's CPU time
 (``time.process_time``), which a busy shared machine disturbs least, so a plan made with the
@@ -23,11 +25,18 @@ file predicts a step's CPU time at the thread count it was measured with (``thre
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
+import io
+import itertools
 import math
 import platform
+import queue as queue_module
+import statistics
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +45,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from radio_lit.planning.counting import StepCounter
+from radio_lit.planning.devices import OPTIMIZER_BYTES_PER_PARAMETER
 from radio_lit.planning.time_model import TimeModel
 
 __all__ = ["calibrate", "write_calibration"]
@@ -124,60 +133,213 @@ def _bandwidth(device: torch.device, quick: bool, now: Any) -> float:
     return 2 * source.numel() * source.element_size() / took / 1e9
 
 
+#: The reference run's batches per step, repeated (the first round a warm-up) [choice: a
+#: 16x range of bytes moved at the same operations, so the two costs separate].
+REFERENCE_BATCHES = (2, 8, 32)
+
+
+def _reference_module() -> Any:
+    """The reference run's distillation: a tiny DINOv2 teacher (timm, random weights) and a
+    tiny CPE ViT student at 64 px, radio-lit's defaults otherwise (MSE and cosine losses,
+    AdamW)."""
+    from radio_lit.module import DistillationModule
+    from radio_lit.students import CPEViT
+    from radio_lit.teachers.dinov2 import DINOv2Teacher
+
+    torch.manual_seed(0)
+    student = CPEViT(
+        model="vit_tiny_patch16_224",
+        max_resolution=256,
+        model_kwargs={"depth": 2, "embed_dim": 64, "num_heads": 2},
+    )
+    teacher = DINOv2Teacher(
+        "vit_small_patch14_reg4_dinov2",
+        pretrained=False,
+        model_kwargs={"depth": 2, "embed_dim": 48, "num_heads": 2, "img_size": 56},
+    )
+    return DistillationModule(student=student, teachers={"dino": teacher}, student_resolution=64)
+
+
+def _fit_steps(device: torch.device, now: Any, rounds: int) -> dict[int, float]:
+    """Median seconds of a real ``Trainer.fit`` step of :func:`_reference_module` at each of
+    :data:`REFERENCE_BATCHES` (96 px uint8 crops; forward, backward, optimizer step and the
+    loop's hooks, as a run's step: the data loading outside)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    order = list(REFERENCE_BATCHES) * (rounds + 1)
+    images = torch.randint(0, 256, (sum(order), 3, 96, 96), dtype=torch.uint8)
+    starts = list(itertools.accumulate(order, initial=0))
+    batches = [list(range(a, a + n)) for a, n in zip(starts, order, strict=False)]
+    times: dict[int, list[float]] = {b: [] for b in REFERENCE_BATCHES}
+
+    class Timed(pl.Callback):
+        def on_train_batch_start(self, *_: Any) -> None:
+            self.start = now()
+
+        def on_train_batch_end(self, trainer: Any, _: Any, __: Any, batch: Any, ___: Any) -> None:
+            if trainer.global_step > len(REFERENCE_BATCHES):  # the first round: a warm-up
+                times[batch.shape[0]].append(now() - self.start)
+
+    trainer = pl.Trainer(
+        accelerator="cpu" if device.type == "cpu" else "gpu",
+        devices=[device.index or 0] if device.type == "cuda" else 1,
+        max_steps=len(order),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[Timed()],
+    )
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_reference_module(), DataLoader(images, batch_sampler=batches))
+    return {b: statistics.median(t) for b, t in times.items()}
+
+
 def _reference_steps(
     device: torch.device, curves: TimeModel, now: Any, quick: bool
 ) -> dict[str, Any]:
-    """The other operations' bandwidth and the host's cost per operation, fitted on real
-    training steps of a small ViT (timm's; its input resized with antialiasing as radio-lit's
-    views are, a cosine loss, AdamW) at two batch sizes: the same operations on more data.
-    Each step's time less what the curves explain is ``bytes / bandwidth + operations x
-    op_us``; two batches give both [choice: the copy's bandwidth is far above what small,
-    strided and reducing operations reach, most of all on a CPU]."""
-    import timm
+    """The other operations' bandwidth and the host's cost per operation, fitted on a real
+    ``radio-lit fit`` step: a tiny distillation (:func:`_reference_module`) run by Lightning
+    at three batch sizes, timed, and counted as ``radio-lit plan`` counts a step
+    (:func:`~radio_lit.planning.counting.count_step` on fake tensors). Each step's time less
+    what the curves price (matrix products, attention; the fused optimizer's bytes at the
+    copy's bandwidth) is ``bytes / bandwidth + operations x op_us``, least squares over the three
+    [choice: the loop's hooks, the losses, the normalizers and Python between operations are
+    part of the host's cost per operation; a small ViT's bare step leaves them out, and a
+    real step on a CPU spends most of its time there]."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    torch.manual_seed(0)
-    width = 64 if quick else 192
-    model = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        img_size=64,
-        embed_dim=width,
-        depth=2 if quick else 4,
-        num_heads=width // 32,
-        num_classes=0,
-    ).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    from radio_lit.planning.counting import count_step, fake_module
+
+    measured = _fit_steps(device, now, 3 if quick else 8)
+    module, mode = _reference_module(), FakeTensorMode(allow_non_fake_inputs=True)
+    fake_module(module, mode)
+    parameters = sum(p.numel() for _, p in module.trainable_parameters())
+    bare = TimeModel(curves.device, curves.gemm, curves.attention, math.inf, 0.0, "fitting")
+    optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (curves.copy_gb_per_s * 1e9)
     rows = []
-    for batch in (2, 16) if quick else (4, 64):
-        images = torch.randn(batch, 3, 96, 96, device=device)
-        target = torch.randn(batch, width, device=device)
-
-        def step(images: torch.Tensor = images, target: torch.Tensor = target) -> None:
-            views = F.interpolate(images, size=(64, 64), mode="bilinear", antialias=True)
-            loss = 1 - F.cosine_similarity(model(views), target, dim=-1).mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        step()  # AdamW's state made: every counted step dispatches the same operations
-        counter = StepCounter()
-        with counter:
-            step()
-        measured = _seconds(step, now, 0.1 if quick else 0.5)
-        moved, calls = sum(counter.ops.moved.values()), sum(counter.ops.calls.values())
-        bare = TimeModel(curves.device, curves.gemm, curves.attention, math.inf, 0.0, "fitting")
-        left = measured - sum(bare.price(counter.ops).values()) / 1e3
+    for batch, seconds in measured.items():
+        with warnings.catch_warnings():  # its self.log outside a Trainer: nothing to log
+            warnings.simplefilter("ignore")
+            count = count_step(module, mode, 96, batch, None)
+        moved = sum(count.ops.moved.values())
+        left = seconds - sum(bare.price(count.ops).values()) / 1e3 - optimizer
         rows.append(
-            {"batch": batch, "ms": measured * 1e3, "bytes": moved, "ops": calls, "left": left}
+            {
+                "batch": batch,
+                "s": seconds,
+                "bytes": moved,
+                "ops": sum(count.ops.calls.values()),
+                "left": left,
+            }
         )
-    (small, large) = rows
-    per_byte = max((large["left"] - small["left"]) / max(large["bytes"] - small["bytes"], 1), 0.0)
-    per_op = max((small["left"] - small["bytes"] * per_byte) / small["ops"], 0.0)
+    per_op, per_byte = _least_squares(
+        [(r["ops"], r["bytes"]) for r in rows], [r["left"] for r in rows]
+    )
     bandwidth = 1 / per_byte / 1e9 if per_byte > 0 else curves.memory_gb_per_s
     steps = [
-        {"batch": r["batch"], "step_ms": round(r["ms"], 4), "operations": r["ops"]} for r in rows
+        {
+            "batch": r["batch"],
+            "step_ms": round(r["s"] * 1e3, 4),
+            "operations": r["ops"],
+            "bytes": r["bytes"],
+        }
+        for r in rows
     ]
     return {"op_us": round(per_op * 1e6, 4), "ops_gb_per_s": round(bandwidth, 4), "steps": steps}
+
+
+def _least_squares(x: list[tuple[float, float]], y: list[float]) -> tuple[float, float]:
+    """``(a, b)`` >= 0 minimising ``sum (a x0 + b x1 - y)^2`` (one of them 0 when the free
+    solution has a negative one: the other fitted alone)."""
+    solution = (
+        torch.linalg.lstsq(
+            torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)[:, None]
+        )
+        .solution[:, 0]
+        .tolist()
+    )
+    if min(solution) >= 0:
+        return solution[0], solution[1]
+    alone = [
+        max(sum(r[i] * v for r, v in zip(x, y, strict=True)) / sum(r[i] ** 2 for r in x), 0.0)
+        for i in (0, 1)
+    ]
+    return (alone[0], 0.0) if solution[1] < 0 else (0.0, alone[1])
+
+
+#: Values of float32 per rank of the measured collectives: a small and a large message.
+COLLECTIVE_SIZES = (2**14, 2**21)
+#: Seconds to wait for the two gloo ranks before the collectives are left unmeasured.
+COLLECTIVE_TIMEOUT_S = 300
+
+
+def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) -> None:
+    """One of the two gloo ranks of :func:`_collectives`: each collective at each size, the
+    least of six runs (process CPU time, the communication threads included);
+    rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    rows: dict[str, list[list[float]]] = {}
+    for n in sizes:
+        x, gathered, half = torch.randn(n), torch.empty(2 * n), torch.empty(n // 2)
+        runs = {  # bytes sent per rank on a ring of 2: (N - 1) / N of the data, x2 all-reduce
+            "all-reduce": (functools.partial(dist.all_reduce, x), 4 * n),
+            "all-gather": (functools.partial(dist.all_gather_into_tensor, gathered, x), 4 * n),
+            "reduce-scatter": (functools.partial(dist.reduce_scatter_tensor, half, x), 2 * n),
+        }
+        for op, (run, sent) in runs.items():
+            best = math.inf
+            for _ in range(6):
+                dist.barrier()
+                start = time.process_time()
+                run()
+                best = min(best, time.process_time() - start)
+            rows.setdefault(op, []).append([sent, best])
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        out.put(rows)
+
+
+def _collectives() -> dict[str, list[float]]:
+    """Gloo's collectives between two processes of this CPU (``torch.multiprocessing``,
+    spawned): per operation ``[GB/s of the bytes a rank sends, latency in ms]``, the line
+    through a small and a large message (:data:`COLLECTIVE_SIZES`); empty when the two ranks
+    did not report within :data:`COLLECTIVE_TIMEOUT_S`."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        store = str(Path(folder) / "store")
+        ranks = [
+            context.Process(target=_collective_rank, args=(r, store, COLLECTIVE_SIZES, queue))
+            for r in (0, 1)
+        ]
+        for process in ranks:
+            process.start()
+        try:
+            rows = queue.get(timeout=COLLECTIVE_TIMEOUT_S)
+        except queue_module.Empty:  # a rank failed (no gloo) or hung: not measured
+            rows = {}
+        for process in ranks:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+    out = {}
+    for op, ((small, t_small), (large, t_large)) in rows.items():
+        per_byte = max((t_large - t_small) / (large - small), 1e-15)
+        latency = max(t_small - small * per_byte, 0.0)
+        out[op] = [round(1 / per_byte / 1e9, 4), round(latency * 1e3, 5)]
+    return out
 
 
 def _commit() -> str:
@@ -213,9 +375,12 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
         bandwidth = _bandwidth(where, quick, now)
     attention = {str(d).removeprefix("torch."): _attention(where, d, quick, now) for d in dtypes}
     name = _device_name(where)
-    curves = TimeModel(name, gemm, attention, bandwidth, 0.0, "being measured")
+    curves = TimeModel(
+        name, gemm, attention, bandwidth, 0.0, "being measured", copy_gb_per_s=bandwidth
+    )
     reference = _reference_steps(where, curves, now, quick)
     visible = torch.cuda.device_count() if where.type == "cuda" else 1
+    measured_collectives = _collectives() if where.type == "cpu" else {}
     return {
         "device": name,
         "measured": {
@@ -231,8 +396,10 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
             "timer": "wall time, synchronised" if where.type == "cuda" else "process CPU time",
             "threads": torch.get_num_threads(),
             "seconds": round(time.perf_counter() - started, 1),
-            "collectives": f"not measured ({visible} device(s) visible; this version measures "
-            "none): the plan takes devices.yaml's link bandwidths",
+            "collectives": "gloo between two processes of this CPU"
+            if measured_collectives
+            else f"not measured ({visible} device(s) visible; this version measures gloo's "
+            "on a CPU only): the plan takes devices.yaml's link bandwidths",
         },
         "gemm": gemm,
         "attention": attention,
@@ -240,6 +407,7 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
         "memory_gb_per_s": reference["ops_gb_per_s"],
         "op_us": reference["op_us"],
         "reference_steps": reference["steps"],
+        "collectives": measured_collectives,
     }
 
 

@@ -29,7 +29,7 @@ messages]. The sum is not overlapped with compute
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -145,16 +145,28 @@ def _latency_ms(op: str, size: float, gpus: int, device: Device) -> float:
     return (device.collective_base_us + hops) / 1e3
 
 
-def communication(found: list[Collective], gpus: int, device: Device) -> dict[str, Any]:
+def communication(
+    found: list[Collective],
+    gpus: int,
+    device: Device,
+    measured: Mapping[str, Sequence[float]] | None = None,
+) -> dict[str, Any]:
     """Each collective's bytes sent per rank (GB), its count and time (ms), and the step's
-    total (``ms``) at ``gpus`` ranks of ``device`` (module docstring)."""
+    total (``ms``) at ``gpus`` ranks of ``device`` (module docstring); ``measured``: a
+    calibration's ``{op: [GB/s of the bytes a rank sends, latency ms]}`` (gloo's on a CPU,
+    :mod:`radio_lit.planning.calibrate`) in place of the device's link and latencies."""
     link = device.link_gb_per_s(gpus)
     ring = (gpus - 1) / gpus if gpus > 1 else 0.0
     rows, total = [], 0.0
     for c in found:
         sent = c.bytes * ring * (2 if c.op == "all-reduce" else 1)
-        latency = c.count * _latency_ms(c.op, c.bytes / max(c.count, 1), gpus, device)
-        ms = sent / (link * 1e9) * 1e3 + latency
+        if measured and c.op in measured:
+            rate, each = measured[c.op]
+            latency, speed = c.count * each, rate
+        else:
+            latency = c.count * _latency_ms(c.op, c.bytes / max(c.count, 1), gpus, device)
+            speed = link
+        ms = sent / (speed * 1e9) * 1e3 + latency
         rows.append({**asdict(c), "sent_gb": sent / 1e9, "latency_ms": latency, "ms": ms})
         total += ms
     return {"collectives": rows, "link_gb_per_s": link, "ms": total}

@@ -58,10 +58,12 @@ __all__ = [
     "StepCounter",
     "count_step",
     "fake_module",
+    "fsdp2_copies",
     "fused_attention",
     "gathered_weights",
     "gpu_attention",
     "largest_draws",
+    "touched_bytes",
 ]
 
 #: The label of FLOPs outside every named part (views, grid matching, normalizers, losses).
@@ -110,6 +112,22 @@ _ATTENTION = {
 }
 
 
+#: Operations that allocate memory without reading or writing it: no bytes moved (a call).
+_ALLOCATING = frozenset(
+    {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided}
+)
+
+
+def touched_bytes(tensor: Tensor) -> int:
+    """Bytes of the memory ``tensor`` spans: its elements, a broadcast (stride-0) dimension
+    once, at most its ``numel`` (an expanded gradient of a ``sum`` reads one value per row,
+    not ``numel``; a slice reads the slice)."""
+    if tensor.numel() == 0:
+        return 0
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    return min(span, tensor.numel()) * tensor.element_size()
+
+
 def _dtype(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.") if isinstance(tensor, Tensor) else "float32"
 
@@ -124,7 +142,8 @@ class OpRecord:
             ``M = N = K`` of its FLOPs [choice: patch embeddings are a small share].
         attention: ``{(part, batch x heads, query length, key length, head dim, dtype,
             backward): FLOPs}``.
-        moved: ``{part: bytes}`` the other operations read and write (inputs and outputs).
+        moved: ``{part: bytes}`` the other operations read and write (inputs and outputs,
+            each the memory it spans: :func:`touched_bytes`; an allocation moves none).
         calls: ``{part: operations}``, every one dispatched (the host's cost per operation).
     """
 
@@ -148,9 +167,9 @@ class OpRecord:
             side = max(round((flops / 2) ** (1 / 3)), 1)
             first = next((t for t in tree_leaves(args) if isinstance(t, Tensor)), None)
             self.gemms[(part, side, side, side, _dtype(first))] += flops
-        else:
+        elif packet not in _ALLOCATING:
             tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, Tensor)]
-            self.moved[part] += sum(t.numel() * t.element_size() for t in tensors)
+            self.moved[part] += sum(touched_bytes(t) for t in tensors)
 
 
 class StepCounter(TorchDispatchMode):
@@ -383,6 +402,21 @@ def largest_draws(partitions: Any) -> dict[str, int]:
     }
 
 
+def fsdp2_copies(scattered: int, shard: int, world_size: int) -> int:
+    """Bytes FSDP2's own copies move in a step beside the collectives (torch's
+    ``_fully_shard/_fsdp_collectives.py``): the all-gather's copy-in of the local shard
+    (``foreach_all_gather``; its copy-out is the gathered weights the step counts), the
+    reduce-scatter's copy-in of the unsharded gradients and the division of the reduced
+    shard (``foreach_reduce``), each read and written; on one rank the collectives are
+    local copies of the whole too. ``scattered``, ``shard``: the reduce-scatter's input and
+    output bytes (0: not sharded) [choice: the shard in its float32 size for the all-gather's
+    copy-in]."""
+    if not scattered:
+        return 0
+    local = 4 * scattered if world_size == 1 else 0  # the all-gather, the reduce-scatter
+    return 2 * shard + 2 * scattered + 2 * shard + local
+
+
 @dataclass
 class StepCount:
     """What one rank's step ran (:func:`count_step`).
@@ -499,7 +533,8 @@ def count_step(
             gradients copied in, in the reduce dtype; this rank's float32 shard out), alive
             together beside those gradients [choice: one reduce-scatter of the whole student,
             ``model.fsdp2.layout: student``, the shipped configs'; a unit per block
-            reduce-scatters a block's at a time, which this over-counts].
+            reduce-scatters a block's at a time, which this over-counts]; their copies' bytes
+            are moved in the step's ``other`` part (:func:`fsdp2_copies`).
         previous_gradients: bytes of the previous step's gradients on this rank (float32,
             FSDP2's shard of them), alive through the forward: Lightning's loop calls
             ``zero_grad`` (``set_to_none``) after ``training_step`` and before ``backward``, so
@@ -576,6 +611,7 @@ def count_step(
                 if buffer.numel():
                     counter.track(buffer)
             del buffers
+        counter.ops.moved[OTHER] += fsdp2_copies(*reduce_scatter, world_size)
         peak = counter.peak
     module.student_step.trunk_frozen = False
     return StepCount(

@@ -271,7 +271,7 @@ def _times(
     trainable = sum(p.numel() for _, p in module.trainable_parameters())
     local = trainable / (gpus if strategy == "FSDP2" else 1)
     if isinstance(fit, TimeModel):
-        return fit.times(cost, local)
+        return fit.times(cost, local, fused=strategy != "FSDP2")
     return fit.times(cost, local, device)
 
 
@@ -464,7 +464,7 @@ def plan_stage(
     low = torch.bfloat16 if precision.startswith("bf16") else None
     low = torch.float16 if precision.startswith("16") else low
     found = collectives(module, strategy, gpus, low, optimizer_class)
-    comm = communication(found, gpus, device)
+    comm = communication(found, gpus, device, getattr(fit, "collectives", None))
     largest_step = step + comm["ms"]
     step = mean_step + comm["ms"]
     batches = [p.batch_size for p in partitions.partitions.values()]

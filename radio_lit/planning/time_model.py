@@ -13,8 +13,11 @@ A roofline with measured efficiencies, per operation the step counted
 - every other operation: the bytes it reads and writes at the measured memory bandwidth;
 - every operation dispatched: the host's measured cost of one (Python, dispatch, a kernel
   launch), fitted on a real training step (``op_us``);
-- the optimizer: 28 bytes per local float32 parameter at the measured bandwidth
-  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`).
+- the optimizer: 28 bytes per local float32 parameter
+  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`), at the copy's
+  bandwidth for a fused optimizer, else (FSDP2's ``foreach``) at the other operations';
+- the collectives, where the file measured them (gloo on a CPU): each at its measured
+  bandwidth and latency (:func:`~radio_lit.planning.communication.communication`).
 
 A dtype the file did not measure is priced at the closest one it did (float16 for bfloat16
 and back, else float32), and said so (``extrapolated``).
@@ -70,9 +73,12 @@ class TimeModel:
         device: the device measured (``torch.cuda.get_device_name`` or the CPU's name).
         gemm: ``{dtype: [[M, N, K, TFLOP/s], ...]}``.
         attention: ``{dtype: [[sequence, head dim, backward (0 or 1), TFLOP/s], ...]}``.
-        memory_gb_per_s: the bandwidth of a large copy (bytes read plus written per second).
+        memory_gb_per_s: the other operations' bandwidth (bytes read plus written per second).
         op_us: the host's microseconds per dispatched operation.
         source: what was measured, when, with which versions and commit.
+        collectives: ``{op: [GB/s of the bytes a rank sends, latency ms]}`` where measured
+            (gloo on a CPU); empty: the device's link bandwidths.
+        copy_gb_per_s: a large copy's bandwidth (a fused optimizer's; 0: not measured).
     """
 
     device: str
@@ -82,6 +88,8 @@ class TimeModel:
     op_us: float
     source: str
     extrapolated: set[str] = field(default_factory=set, compare=False)
+    collectives: dict[str, list[float]] = field(default_factory=dict)
+    copy_gb_per_s: float = 0.0
 
     def _rows(self, table: Mapping[str, list[list[float]]], dtype: str, what: str) -> list:
         if dtype in table:
@@ -112,11 +120,17 @@ class TimeModel:
         """What :mod:`radio_lit.planning.plan` adds over the draws: ms by part."""
         return self.price(count.ops)
 
-    def times(self, cost: Mapping[str, float], parameters: float) -> dict[str, float]:
-        """A rank's step by phase (ms) from :meth:`cost` and its local trainable parameters."""
+    def times(
+        self, cost: Mapping[str, float], parameters: float, fused: bool = True
+    ) -> dict[str, float]:
+        """A rank's step by phase (ms) from :meth:`cost` and its local trainable parameters;
+        ``fused``: the optimizer's fused kernel (one pass over its tensors, at the copy's
+        bandwidth), else its ``foreach`` operations (FSDP2's ``DTensor`` shards:
+        :func:`radio_lit.training.optim`'s choice) at the other operations' bandwidth."""
         teachers = sum(v for p, v in cost.items() if p.startswith(("teacher ", "upsampler ")))
         rest = sum(v for p, v in cost.items() if p == OTHER)
-        optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (self.memory_gb_per_s * 1e9)
+        bandwidth = self.copy_gb_per_s if fused and self.copy_gb_per_s else self.memory_gb_per_s
+        optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (bandwidth * 1e9)
         return {
             "teachers": teachers,
             "student": sum(cost.values()) - teachers - rest,
@@ -154,6 +168,10 @@ def load_time_model(path: str | Path) -> TimeModel:
         memory_gb_per_s=float(row["memory_gb_per_s"]),
         op_us=float(row["op_us"]),
         source=source,
+        copy_gb_per_s=float(row.get("copy_gb_per_s", 0.0)),
+        collectives={
+            str(k): [float(v) for v in r] for k, r in (row.get("collectives") or {}).items()
+        },
     )
 
 

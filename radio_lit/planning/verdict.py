@@ -169,7 +169,9 @@ def basis(device_name: str, calibration: Any, gpu_key: str) -> dict[str, str]:
         f"{low:.0%}-{high:.0%} of the step peak the plan missed on GPU runs",
         "FLOPs": "counted on fake tensors (PyTorch's FLOP formulas)",
         "step time": f"{where}; range from the plan/measured steps on GPUs ({checks})",
-        "communication": "bandwidths and latencies of devices.yaml (datasheets, NCCL's "
-        "tuning model), not measured",
+        "communication": f"gloo's collectives measured on {device} ({calibration.source})"
+        if getattr(calibration, "collectives", None)
+        else "bandwidths and latencies of devices.yaml (datasheets, NCCL's tuning model), "
+        "not measured",
         "cache": "counted bytes; read at devices.yaml's cache_read_gb_per_s per node, not measured",
     }

@@ -119,7 +119,9 @@ def summary_token_slots(has_summary: Mapping[str, bool], student: Student) -> di
             raise ValueError(
                 f"model.student.init_args.summary_tokens={list(names)} has no token for "
                 f"{missing} (teachers with a summary): add them to the list, after the names "
-                "already there so that earlier stages' tokens keep their slots"
+                "already there so that earlier stages' tokens keep their slots, or set their "
+                "init_args.summary: false (a published model's own backbone entry, whose "
+                "tokens are its teachers')"
             )
         return {n: list(names).index(n) for n in with_summary}
     if num_tokens == 1:

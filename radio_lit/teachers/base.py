@@ -166,8 +166,9 @@ class Teacher(nn.Module):
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """Teachers are not checkpointed: their weights come from their own source.
 
-        The owning :class:`~radio_lit.module.DistillationModule` ignores the matching
-        missing keys when it loads a checkpoint.
+        The owning :class:`~radio_lit.module.DistillationModule` gives them their own
+        weights back when it loads a checkpoint
+        (:func:`radio_lit.export.checkpoint.keep_teacher_weights`).
         """
         destination = kwargs.get("destination")
         return {} if destination is None else destination

@@ -62,21 +62,18 @@ def test_the_starting_model_is_the_teacher_of_every_output_it_ships(name):
 @pytest.mark.parametrize(("adapt", "extend"), list(zip(ADAPT, EXTEND, strict=True)))
 def test_extend_is_adapt_plus_one_generic_teacher(adapt, extend):
     """The old outputs kept as adapt keeps them, one new timm/transformers teacher, the same
-    student (the release's prefix tokens: the new teacher takes a token no summary used)."""
+    student; where the summary tokens are named (C-RADIOv4's one per teacher), the release's
+    in their order, then one for the new teacher (NVlabs' layout: a token per teacher name)."""
     old, new = raw(adapt)["model"], raw(extend)["model"]
-    added = set(new["teachers"]) - set(old["teachers"])
+    added = [n for n in new["teachers"] if n not in old["teachers"]]
     assert len(added) == 1
-    assert _kind(new["teachers"][added.pop()]) in ("TimmTeacher", "TransformersTeacher")
+    assert _kind(new["teachers"][added[0]]) in ("TimmTeacher", "TransformersTeacher")
     assert {n: new["teachers"][n] for n in old["teachers"]} == old["teachers"]
     student, before = new["student"]["init_args"], old["student"]["init_args"]
     tokens = student.pop("summary_tokens", None), before.pop("summary_tokens", None)
     assert student == before and new["init_from"] == old["init_from"]
     if tokens[1] is not None:
-        assert len(tokens[0]) == len(tokens[1])
-        with_summary = {
-            n for n, e in new["teachers"].items() if (e["init_args"].get("summary") is not False)
-        }
-        assert set(tokens[0]) <= with_summary | set(SHIPPED_HEADS["c-radio-v4-h"])
+        assert tokens[0] == [*tokens[1], *added]
 
 
 def _header_commands(name: str) -> list[list[str]]:
@@ -137,6 +134,11 @@ def test_the_adapt_twin_starts_as_the_model_it_continues(caplog):
 
 @pytest.fixture(scope="module")
 def c_radio_layout(tmp_path_factory) -> Path:
+    """:func:`c_radio_layout_file` in a folder of the module's."""
+    return c_radio_layout_file(tmp_path_factory.mktemp("c-radio"))
+
+
+def c_radio_layout_file(folder: Path) -> Path:
     """A stand-in for C-RADIOv4-H in NVlabs' layout with the real recipe's token layout (3
     summary tokens named for siglip2-g, dino_v3 and sam3, 7 registers, no final norm, a
     128 x 128 CPE grid, patch embedding without bias) at the recipe's CPU size (width 64,
@@ -156,8 +158,7 @@ def c_radio_layout(tmp_path_factory) -> Path:
     teachers = {"siglip2-g": tiny_clip_teacher(), "dino_v3": tiny_clip_teacher(),
                 "sam3": tiny_sam_teacher(resolution=64)}  # fmt: skip
     module = DistillationModule(student=student, teachers=teachers, student_resolution=64)
-    path = tmp_path_factory.mktemp("c-radio") / "C-RADIOv4-H.pth"
-    return save_radio(module_inference_model(module.eval()), path)
+    return save_radio(module_inference_model(module.eval()), folder / "C-RADIOv4-H.pth")
 
 
 def test_the_real_size_adapt_recipe_exports_in_nvlabs_layout(c_radio_layout, monkeypatch, tmp_path):  # noqa: E501
@@ -184,3 +185,49 @@ def test_the_real_size_adapt_recipe_exports_in_nvlabs_layout(c_radio_layout, mon
         got, want = exported(images), source(images)
     for name, output in want.items():
         torch.testing.assert_close(got[name].features, output.features, rtol=1e-5, atol=1e-5)
+
+
+def test_the_real_size_extend_recipe_exports_in_nvlabs_layout(c_radio_layout, monkeypatch, tmp_path):  # noqa: E501
+    """The real extend recipe (its token layout: the release's 3 summary tokens, then one for
+    the new teacher; reduced width and depth), started from a file of the release's layout:
+    the new token starts as a copy of the release's first. After an optimizer step its export
+    in NVlabs' layout has 4 tokens for its 4 teachers, each teacher at its own token as NVlabs'
+    loader reads it (``hubconf.radio_model``: ``token_slot``, else the teacher's index;
+    ``summary_idxs``: the teachers with a summary), and radio_lit.load reads back the trained
+    student and heads (teacher space), the backbone summary as NVlabs' ``summary_idxs``."""
+    import torch
+
+    import radio_lit
+    import tests.published_stand_in as stand_in
+    from radio_lit.export import module_inference_model, read_radio, save_radio
+    from tests.configs.shipped import cpu_sized
+    from radio_lit.data.views import normalize_view
+    from tests.export.tiny_export import own_outputs
+
+    monkeypatch.setattr(stand_in, "radio_stand_in", lambda adaptors: c_radio_layout)
+    cli = cpu_sized(EXTEND[0])
+    module = cli.model
+    tokens = module.student.cls_token.detach().clone()
+    source = read_radio(c_radio_layout)[1]["base_model.patch_generator.cls_token.token"]
+    assert torch.equal(tokens[0, :3], source[:3]) and torch.equal(tokens[0, 3], source[0])
+    cli.trainer.fit(module, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 1
+    path = save_radio(module_inference_model(module.eval()), tmp_path / "extended.pth")
+    config, _ = read_radio(path)
+    assert config["cls_token_per_teacher"] and config["radio_lit"]["num_cls_tokens"] == 4
+    assert [(t["name"], t["use_summary"], t["token_slot"]) for t in config["teachers"]] == [
+        ("siglip2-g", True, 0), ("dino_v3", True, 1), ("sam3", False, 2), ("eva02", True, 3)
+    ]  # fmt: skip
+    exported = radio_lit.load(path, backbone_summary="summary_idxs")
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = exported(images)
+        tokens = module.student(normalize_view(images, *module.conditioner.values)).summary
+    want = own_outputs(module, images)
+    del want["c-radio"]  # the backbone's own entry: the export's backbone, no head of its own
+    want["backbone"] = (tokens[:, [0, 1, 3]].flatten(1), want["backbone"][1])  # SAM3's: none
+    assert set(got) == set(want) == {"backbone", "siglip2-g", "dino_v3", "sam3", "eva02"}
+    for name, (summary, features) in want.items():
+        torch.testing.assert_close(got[name].features, features, rtol=1e-5, atol=1e-5)
+        if summary is not None:
+            torch.testing.assert_close(got[name].summary, summary, rtol=1e-5, atol=1e-5)

@@ -88,21 +88,26 @@ def _env(port: int, rank: int) -> dict[str, str]:
 @dataclass
 class _Launch:
     """One running 2-process training run: both ranks forked at once from the tests' fork
-    server (:mod:`tests.forking`), each running ``distributed_fit.main``."""
+    server (:mod:`tests.forking`), each running ``target(kind, out, *args)``
+    (``distributed_fit.main`` unless told)."""
 
     kind: str
     out: Path
     ranks: list[forking.Forked]
     started: float
+    target: str = f"{fit.__name__}:main"
+    args: tuple[Any, ...] = ()
 
     @classmethod
-    def start(cls, kind: str, out: Path) -> _Launch:
+    def start(
+        cls, kind: str, out: Path, target: str = f"{fit.__name__}:main", args: tuple = ()
+    ) -> _Launch:
         port = _free_port()
         ranks = [
-            forking.start(f"{fit.__name__}:main", (kind, out), out / f"log{rank}", _env(port, rank))
+            forking.start(target, (kind, out, *args), out / f"log{rank}", _env(port, rank))
             for rank in range(2)
         ]
-        return cls(kind, out, ranks, time.monotonic())
+        return cls(kind, out, ranks, time.monotonic(), target, args)
 
     def wait(self) -> tuple[int | None, str]:
         """(exit code: the first rank's that is not 0, or None after a timeout; the output of
@@ -127,7 +132,7 @@ def _result(launch: _Launch) -> Result:
     if code != 0 and "ddress already in use" in text:  # the free port was taken meanwhile
         for stale in launch.out.glob("rank*.pt"):
             stale.unlink()
-        code, text = _Launch.start(launch.kind, launch.out).wait()
+        code, text = _Launch.start(launch.kind, launch.out, launch.target, launch.args).wait()
     tail = text[-12000:]
     if code is None:
         pytest.fail(

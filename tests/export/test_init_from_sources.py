@@ -146,6 +146,32 @@ def test_an_nvlabs_checkpoint_with_sigma_reparam_parametrized_and_its_ema(export
     assert relative(student_tokens(module, images), want) <= 1e-5
 
 
+def test_sigma_reparam_is_realized_as_nvidias_loader_realizes_it():
+    """NVlabs' ``hubconf.radio_model`` realizes a file's σReparam weights
+    (``disable_spectral_reparam``) on a module still in training mode, so its
+    ``_SNReweight`` (a torch ``_SpectralNorm``) takes one more power iteration from the file's
+    ``u``, ``v`` first: the weight is what torch's own spectral norm gives in training mode.
+    Vectors far from converged (a random start) make the step count: 1e-2 apart here."""
+    from torch.nn.utils.parametrizations import _SpectralNorm
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(24, 16, generator=generator, dtype=torch.float64)
+    torch_norm = _SpectralNorm(weight, n_power_iterations=1, eps=1e-12).double().train()
+    u = torch.randn(24, generator=generator, dtype=torch.float64)
+    v = torch.randn(16, generator=generator, dtype=torch.float64)
+    torch_norm._u.copy_(u / u.norm())
+    torch_norm._v.copy_(v / v.norm())
+    prefix = "base_model.blocks.0.mlp.fc1.parametrizations.weight."
+    state = {prefix + "original": weight, prefix + "0._u": torch_norm._u.clone(),
+             prefix + "0._v": torch_norm._v.clone(), prefix + "0.scale": torch.ones(1, 1),
+             prefix + "0._sn_version": torch.tensor(1)}  # fmt: skip
+    want = torch_norm(weight)  # one power iteration, then W / σ
+    got = realize_spectral_reparam(state, eps=1e-12, iterations=1)
+    torch.testing.assert_close(got["base_model.blocks.0.mlp.fc1.weight"], want)
+    eval_mode = realize_spectral_reparam(state, eps=1e-12)["base_model.blocks.0.mlp.fc1.weight"]
+    assert relative(eval_mode, want) > 1e-2
+
+
 RADIO_REPO = os.environ.get("RADIO_REPO")
 
 

@@ -171,6 +171,41 @@ def test_checkpoint_excludes_teachers_and_resumes_at_the_same_step(tmp_path):
     assert resumed.trainer.global_step == 5
 
 
+class _StrictScale(torch.nn.Module):
+    """A LayerScale that, as NVlabs' ``radio/dinov2_arch.py`` ``LayerScale`` does, raises in
+    ``_load_from_state_dict`` when the state holds neither ``gamma`` nor ``grandma``, whatever
+    ``strict`` (a RADIO teacher built by NVlabs' code: C-RADIOv3-B/L, RADIOv2.5-B/L)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.grandma = torch.nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.grandma
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "gamma" not in state_dict and prefix + "grandma" not in state_dict:
+            raise KeyError(f"Couldn't find the key {prefix}gamma nor {prefix}grandma")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def test_a_teacher_whose_loading_needs_its_keys_keeps_its_weights(tmp_path):
+    """Teacher weights are not checkpointed; a later stage (``init_from: last.ckpt``) and a
+    resumed run load the checkpoint into the whole module, where a teacher module that
+    raises on a missing key (NVlabs' LayerScale) gets its own weights back."""
+    stage1 = tiny_module()
+    block = stage1.teachers["dino"].model.blocks[0]
+    block.ls1 = _StrictScale(block.norm1.normalized_shape[0])
+    path = tmp_path / "stage1.ckpt"
+    torch.save({"state_dict": stage1.state_dict()}, path)
+    assert not any(k.startswith("teachers.") for k in stage1.state_dict())
+    before = {k: v.clone() for k, v in torch.nn.Module.state_dict(stage1.teachers["dino"]).items()}
+    stage1.load_state_dict(torch.load(path)["state_dict"], strict=True)  # as a resume does
+    after = torch.nn.Module.state_dict(stage1.teachers["dino"])
+    assert before.keys() == after.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(block.ls1.grandma, torch.full_like(block.ls1.grandma, 0.5))
+
+
 def test_init_from_takes_student_and_heads_only(tmp_path):
     stage1 = tiny_module(normalizer=PhiS)
     stage1.normalizers["clip"].update(torch.randn(64, stage1.teachers["clip"].feature_dim))

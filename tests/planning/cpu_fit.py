@@ -1,13 +1,22 @@
-"""One real Lightning fit of ``test_cpu_fit.py`` (``RUNS``), measured in a process of its
-own (a fit's process group and allocator state would change the next one's):
+"""Real Lightning fits of ``test_cpu_fit.py`` (``RUNS``) on one process or several (gloo),
+each rank's peak bytes and step CPU time, one JSON line per rank:
 
-    python -m tests.planning.cpu_fit ddp          # prints the peak bytes
-    python -m tests.planning.cpu_fit ddp --time   # one thread: a step's CPU seconds (median)
+    OMP_NUM_THREADS=1 python -m tests.planning.cpu_fit ddp
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc-per-node 2 \
+        -m tests.planning.cpu_fit ddp --devices 2
+
+One fit in a fresh process (a fit's allocator state would change the next one's): its first
+steps under ``torch.profiler`` for the peak, its last ones timed without it. Run at the thread count
+of the calibration it is compared with (``OMP_NUM_THREADS``, set before torch starts: a
+thread pool of two made at import and cut to one later keeps a spinning OpenMP worker whose
+CPU time counts in the process's).
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
 import sys
 import time
@@ -73,21 +82,33 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [getattr(t, "_local_tensor", t) for t in tensors]  # a DTensor's shard
 
 
-def _measured(config: gpu_check.ShippedConfig, extra: list[str]) -> int:
-    cli = gpu_check.build(config, device="cpu", size="cpu", extra=["--trainer.max_steps=3", *extra])
-    kept = _Kept(cli.model)
-    cli.trainer.callbacks.append(kept)
-    gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return kept.kept + _profiled_peak(prof)
+def devices_overrides(name: str, devices: int) -> list[str]:
+    """The overrides that run ``RUNS[name]`` on ``devices`` processes (FSDP2: its data
+    parallel size)."""
+    out = [f"--trainer.devices={devices}"]
+    if RUNS[name][1] == "FSDP2":
+        out.append(f"--trainer.strategy.init_args.data_parallel_size={devices}")
+    return out
+
+
+class _Profiled(Callback):
+    """``torch.profiler`` with memory from before the fit to the end of step ``steps - 1``."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+
+    def on_train_batch_end(self, trainer: Trainer, *_: object) -> None:
+        if trainer.global_step == self.steps:
+            self.profile.__exit__(None, None, None)
 
 
 class _StepTime(Callback):
     """Each training step's CPU time of this process (forward, backward, optimizer step; the
-    data loading outside), the steps after the first two (warm-up: lazy state, allocator)."""
+    data loading outside) after step ``after`` (warm-up: lazy state, allocator, profiler)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: int) -> None:
+        self.after = after
         self.steps: list[float] = []
         self._start = 0.0
 
@@ -95,26 +116,36 @@ class _StepTime(Callback):
         self._start = time.process_time()
 
     def on_train_batch_end(self, trainer: Trainer, *_: object) -> None:
-        if trainer.global_step > 2:
+        if trainer.global_step > self.after:
             self.steps.append(time.process_time() - self._start)
 
 
-def _timed(config: gpu_check.ShippedConfig, extra: list[str], steps: int = 8) -> float:
-    """The median CPU seconds of a step of ``steps`` on one thread."""
-    torch.set_num_threads(1)
+#: Steps profiled for the peak (step 1 holds the earlier step's gradients and the optimizer
+#: state), then steps timed after one more warm-up.
+PROFILED, TIMED = 3, 5
+
+
+def measured(config: gpu_check.ShippedConfig, extra: list[str]) -> tuple[int, float]:
+    """One fit's peak bytes (:class:`_Kept` plus the profiled peak) in its first
+    :data:`PROFILED` steps and the median CPU seconds of its last :data:`TIMED` steps."""
+    steps = PROFILED + 1 + TIMED
     cli = gpu_check.build(
         config, device="cpu", size="cpu", extra=[f"--trainer.max_steps={steps}", *extra]
     )
-    timer = _StepTime()
-    cli.trainer.callbacks.append(timer)
+    kept, profiled, timer = _Kept(cli.model), _Profiled(PROFILED), _StepTime(PROFILED + 1)
+    cli.trainer.callbacks += [kept, profiled, timer]
+    gc.collect()
+    profiled.profile.__enter__()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return statistics.median(timer.steps)
+    return kept.kept + _profiled_peak(profiled.profile), statistics.median(timer.steps)
 
 
 if __name__ == "__main__":
-    name, _, overrides = RUNS[sys.argv[1]]
+    kind = sys.argv[1]
+    devices = int(sys.argv[sys.argv.index("--devices") + 1]) if "--devices" in sys.argv else 1
+    name, _, overrides = RUNS[kind]
+    overrides = [*overrides, *devices_overrides(kind, devices)]
     torch.manual_seed(0)
-    if "--time" in sys.argv:
-        print(_timed(_config(name), overrides))
-    else:
-        print(_measured(_config(name), overrides))
+    peak, step = measured(_config(name), overrides)
+    rank = int(os.environ.get("RANK", "0"))
+    print(json.dumps({"rank": rank, "peak": peak, "step_s": step}), flush=True)

@@ -98,3 +98,15 @@ def test_a_cached_step_reads_its_views_at_the_nodes_bandwidth():
     assert read["gb_per_node"] == pytest.approx(node / 1e9)
     assert read["ms"] == pytest.approx(node / (h100.cache_read_gb_per_s * 1e9) * 1e3)
     assert cache_read(views, 16, 2, h100)["gb_per_node"] == pytest.approx(node / 4 / 1e9)
+
+
+def test_measured_collectives_replace_the_device_link_and_latency():
+    # a calibration's gloo figures ({op: [GB/s of the bytes a rank sends, latency ms]})
+    measured = {"all-gather": [2.0, 0.5], "reduce-scatter": [1.0, 0.25]}
+    found = collectives(_module(), "FSDP2", 2, None, "AdamW")
+    out = communication(found, 2, device("h100"), measured)
+    for row in out["collectives"]:
+        rate, latency = measured[row["op"]]
+        sent = row["bytes"] / 2  # a ring of 2: half the data
+        assert row["ms"] == pytest.approx(sent / (rate * 1e9) * 1e3 + row["count"] * latency)
+    assert out["ms"] == pytest.approx(sum(r["ms"] for r in out["collectives"]))

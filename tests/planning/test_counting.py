@@ -1,5 +1,5 @@
 """The step counter's memory rules (:mod:`radio_lit.planning.counting`) on small real tensors:
-what a view allocates, and FSDP2's gathered bfloat16 weights."""
+what a view allocates, FSDP2's gathered bfloat16 weights, the bytes an operation moves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radio_lit.planning.counting import StepCounter, gathered_weights
+from radio_lit.planning.counting import (
+    StepCounter,
+    fsdp2_copies,
+    gathered_weights,
+    touched_bytes,
+)
 
 
 def test_a_view_of_a_weight_is_not_a_second_weight():
@@ -45,3 +50,21 @@ def test_fsdp2_gathers_a_copy_even_in_the_master_dtype():
         peak = counter.peak
     assert peak == (512 * 256 + 512) * 4
     assert layer.weight.data_ptr() == master.data_ptr()
+
+
+def test_bytes_moved_are_the_memory_a_tensor_spans():
+    row = torch.randn(1, 256)
+    assert touched_bytes(row) == 256 * 4
+    assert touched_bytes(row.expand(64, 256)) == 256 * 4  # broadcast: one row in memory
+    assert touched_bytes(torch.randn(64, 256)[:, :8]) == 64 * 8 * 4  # a slice: its elements
+    counter = StepCounter()
+    with counter:
+        torch.empty(1024)  # an allocation reads and writes nothing
+        row.expand(64, 256) * 2.0  # reads one row, writes 64
+    assert counter.ops.moved["other"] == (256 + 64 * 256) * 4
+    # FSDP2's own copies (torch's _fsdp_collectives): the all-gather's copy-in, the
+    # reduce-scatter's copy-in and the shard's division, read and written; on one rank the
+    # collectives themselves copy the whole
+    assert fsdp2_copies(800, 400, 2) == 2 * 400 + 2 * 800 + 2 * 400
+    assert fsdp2_copies(800, 800, 1) == 2 * 800 + 2 * 800 + 2 * 800 + 4 * 800
+    assert fsdp2_copies(0, 0, 4) == 0

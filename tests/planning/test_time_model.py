@@ -1,6 +1,6 @@
 """The time model (:mod:`radio_lit.planning.time_model`): each operation the counting sees is
-recorded by its own shapes, and priced against a calibration's measured curves; ``radio-lit
-plan --calibrate --quick`` writes such a file on this CPU, which ``--calibration`` reads."""
+recorded by its own shapes, and priced against a calibration's measured curves (``radio-lit
+plan --calibrate --quick`` on this CPU and its file read back: ``test_cpu_fit.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -80,44 +79,6 @@ def test_attention_is_priced_by_head_dim_and_pass_and_an_unmeasured_dtype_is_sai
     assert model.extrapolated == {"attention bfloat16 priced at float32"}
 
 
-def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(tmp_path, capsys):
-    from radio_lit.cli.plan import main
-
-    path = tmp_path / "cpu.calibration.yaml"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        main(["--calibrate", str(path), "--quick"])
-    finally:
-        torch.set_num_threads(threads)
-    assert str(path) in capsys.readouterr().out
-    written = yaml.safe_load(path.read_text())
-    measured = written["measured"]
-    assert measured["timer"] == "process CPU time" and measured["threads"] == 1
-    assert measured["versions"]["torch"] == str(torch.__version__)
-    assert {"date", "commit", "how", "collectives"} <= set(measured)
-    assert all(r[-1] > 0 for r in written["gemm"]["float32"])
-    dims = {(r[1], r[2]) for r in written["attention"]["float32"]}
-    assert dims == {(d, p) for d in (64, 72, 80, 128) for p in (0, 1)}
-    assert written["memory_gb_per_s"] > 0 and written["op_us"] >= 0
-    model = load_time_model(path)
-    # a product the calibration measured, priced at what it measured
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    counter = StepCounter()
-    with counter:
-        F.linear(a, b)
-    rate = next(r[3] for r in written["gemm"]["float32"] if r[:3] == [256, 256, 256])
-    gemm = (
-        model.price(counter.ops)["other"]
-        - (
-            counter.ops.moved["other"] / (model.memory_gb_per_s * 1e9)
-            + counter.ops.calls["other"] * model.op_us * 1e-6
-        )
-        * 1e3
-    )
-    assert gemm == pytest.approx(2 * 256**3 / (rate * 1e12) * 1e3, rel=1e-6)
-
-
 def test_a_calibration_file_that_is_not_one_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_time_model(tmp_path / "missing.yaml")
@@ -153,3 +114,12 @@ def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_pa
     )
     model = load_calibration(str(curves))
     assert isinstance(model, TimeModel) and model.basis.startswith("measured on a CPU")
+
+
+def test_a_fused_optimizer_streams_at_the_copy_bandwidth_foreach_at_the_others():
+    model = _model(copy_gb_per_s=50.0)
+    fused = model.times({}, 1_000_000)["optimizer"]
+    foreach = model.times({}, 1_000_000, fused=False)["optimizer"]
+    assert fused == pytest.approx(28e6 / 50e9 * 1e3)  # AdamW: 28 bytes a float32 parameter
+    assert foreach == pytest.approx(28e6 / 100e9 * 1e3)  # at memory_gb_per_s
+    assert _model().times({}, 1_000_000)["optimizer"] == foreach  # no copy measured
