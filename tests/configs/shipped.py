@@ -27,6 +27,7 @@ from typing import Any
 from unittest import mock
 
 from benchmarks.gpu_check import ShippedConfig, build, merged, own_module, shipped_configs
+from radio_lit.planning.configs import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, ShippedConfig] = {c.name: c for c in shipped_configs(ROOT)}
@@ -45,6 +46,17 @@ def _raw(name: str) -> dict[str, Any]:
 def gpu_recipe(name: str) -> bool:
     """Whether ``name`` is sized for GPUs (its ``trainer.accelerator`` is not ``cpu``)."""
     return (raw(name).get("trainer") or {}).get("accelerator") != "cpu"
+
+
+def layout_overlay(name: str) -> bool:
+    """Whether ``name`` is an overlay that lays a GPU recipe's partitions out anew
+    (``recipes/c-radio/balanced.yaml``, ``packed.yaml``), stacked on any of its stages."""
+    config = CONFIGS[name]
+    return (
+        bool(config.overlay)
+        and gpu_recipe(name)
+        and "partitions" in (load_config(config.path).get("model") or {})
+    )
 
 
 @functools.cache

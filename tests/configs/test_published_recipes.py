@@ -187,7 +187,9 @@ def test_the_real_size_adapt_recipe_exports_in_nvlabs_layout(c_radio_layout, mon
         torch.testing.assert_close(got[name].features, output.features, rtol=1e-5, atol=1e-5)
 
 
-def test_the_real_size_extend_recipe_exports_in_nvlabs_layout(c_radio_layout, monkeypatch, tmp_path):  # noqa: E501
+def test_the_real_size_extend_recipe_exports_in_nvlabs_layout(
+    c_radio_layout, monkeypatch, tmp_path
+):  # noqa: E501
     """The real extend recipe (its token layout: the release's 3 summary tokens, then one for
     the new teacher; reduced width and depth), started from a file of the release's layout:
     the new token starts as a copy of the release's first. After an optimizer step its export
@@ -199,9 +201,9 @@ def test_the_real_size_extend_recipe_exports_in_nvlabs_layout(c_radio_layout, mo
 
     import radio_lit
     import tests.published_stand_in as stand_in
+    from radio_lit.data.views import normalize_view
     from radio_lit.export import module_inference_model, read_radio, save_radio
     from tests.configs.shipped import cpu_sized
-    from radio_lit.data.views import normalize_view
     from tests.export.tiny_export import own_outputs
 
     monkeypatch.setattr(stand_in, "radio_stand_in", lambda adaptors: c_radio_layout)

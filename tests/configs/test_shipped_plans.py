@@ -18,12 +18,15 @@ from benchmarks.gpu_check import own_module, world_size
 from radio_lit.planning.counting import count_step, fake_module
 from radio_lit.planning.devices import calibration, device
 from radio_lit.planning.plan import distinct_ranks, plan_stage
-from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe, raw
+from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe, layout_overlay, raw
 
+#: Not the overlays that only lay a recipe's partitions out anew (balanced, packed): planned
+#: beside the recipe by ``--compare-layouts`` (tests/planning/test_plan_command.py), counted
+#: packed by tests/planning/test_packed_count.py; each steps in test_shipped_steps.py.
 NAMES = [
     pytest.param(name, marks=[pytest.mark.slow] if gpu_recipe(name) else [])
     for name in CONFIGS
-    if not own_module(raw(name))
+    if not own_module(raw(name)) and not layout_overlay(name)
 ]
 
 

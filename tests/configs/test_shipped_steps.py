@@ -15,7 +15,7 @@ from benchmarks.gpu_check import stage_chains
 from radio_lit.callbacks import TrainingProgressGuard
 from radio_lit.export.checkpoint import checkpoint_inference_model
 from radio_lit.planning.configs import load_config
-from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe
+from tests.configs.shipped import CONFIGS, built, cpu_sized, gpu_recipe, layout_overlay
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +23,7 @@ CPU_SIZED = sorted(name for name in CONFIGS if not gpu_recipe(name))
 CHAINS = stage_chains(list(CONFIGS.values()))
 #: Overlays of a GPU recipe that lay its partitions out anew (recipes/c-radio/balanced.yaml):
 #: their layout takes a step at CPU size (one rank's share of every partition).
-LAYOUTS = sorted(
-    name
-    for name, config in CONFIGS.items()
-    if config.overlay
-    and gpu_recipe(name)
-    and "partitions" in (load_config(config.path).get("model") or {})
-)
+LAYOUTS = sorted(name for name in CONFIGS if layout_overlay(name))
 
 
 def one_step(cli) -> None:
