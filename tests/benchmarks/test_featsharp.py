@@ -72,7 +72,7 @@ def test_the_overlay_swaps_only_the_teacher_images_factor_steps_seed_and_pre_pas
 def test_a_short_cell_through_radio_lit_fit_beats_bilinear_and_removes_the_pattern(
     tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(featsharp, "TRAIN_IMAGES", 16)
+    monkeypatch.setattr(featsharp, "TRAIN_IMAGES", 8)
     monkeypatch.setattr(featsharp, "EVAL_IMAGES", 8)
     out = tmp_path / "results.jsonl"
     record = featsharp.main(["cell", "--kind=shapes", "--steps=30", f"--out={out}"])[0]
