@@ -113,6 +113,8 @@ HELD_OUT, SEED_STRIDE = 1_000_000, 10_000_000
 TRAIN_IMAGES, EVAL_IMAGES = 64, 32
 #: the teacher's patch (px): a multiple of every factor swept (2, 3, 4)
 PATCH = 12
+#: a position-locked part below this RMS (normalized space) is no pattern
+NO_PATTERN = 1e-3
 
 
 def dead_leaves(seed: int, side: int, discs: int = 60) -> Tensor:
@@ -444,9 +446,9 @@ SWEEP = [
     Cell(prepass=0, steps=SHORT),
     *(Cell(kind=k, steps=SHORT) for k in ("few-tokens", "no-pattern", "gain", "sky")),
     *(Cell(kind=k, steps=SHORT) for k in ("field", "context", "structured")),
+    Cell(grid=8, steps=SHORT),
     Cell(prepass=100, steps=SHORT),
     *(Cell(factor=k, steps=SHORT) for k in (2, 4)),
-    Cell(grid=8, steps=SHORT),
 ]
 
 
@@ -544,18 +546,20 @@ def normalized_mse(prediction: Tensor, truth: Tensor) -> float:
 def pattern_removed(upsampler: nn.Module, locked: Tensor) -> dict[str, float]:
     """``removed = 1 - ||B_c + P_n|| / ||P_n||`` (module docstring) for the position-locked
     part ``locked [h, w, C]`` (teacher space), with the RMS of ``B_c`` and ``P_n`` and the
-    cosine of ``-B_c`` and ``P_n``; ``removed`` and the cosine are NaN without a pattern."""
+    cosine of ``-B_c`` and ``P_n``; ``removed`` and the cosine are NaN without a pattern (RMS
+    below ``NO_PATTERN``: the mean over held-out images of ``low - avgpool_k(T)`` is then
+    rounding noise)."""
     bias = upsampler.bias.pattern(tuple(locked.shape[:2]))
     bias = bias - bias.mean((0, 1))
     pattern = normalized_pattern(upsampler, locked)
-    size = pattern.norm()
-    nan = float("nan")
+    size, rms = pattern.norm(), pattern.square().mean().sqrt().item()
+    nan, patterned = float("nan"), rms >= NO_PATTERN
     return {
-        "removed": 100 * (1 - (bias + pattern).norm() / size).item() if size > 1e-6 else nan,
+        "removed": 100 * (1 - (bias + pattern).norm() / size).item() if patterned else nan,
         "bias_rms": bias.square().mean().sqrt().item(),
-        "pattern_rms": pattern.square().mean().sqrt().item(),
+        "pattern_rms": rms,
         "cosine": (-(bias * pattern).sum() / (bias.norm() * size)).item()
-        if size > 1e-6 and bias.norm() > 1e-12
+        if patterned and bias.norm() > 1e-12
         else nan,
     }
 
@@ -632,8 +636,12 @@ def line(record: dict[str, object]) -> str:
 def wins(record: dict[str, object]) -> bool:
     """FeatSharp below bilinear and the tiles, and > 50 % of a pattern removed (issue 51)."""
     below = record["featsharp"] < min(record["bilinear"], record["tiles"])
-    removed = record["removed"]
-    return bool(below and (removed != removed or removed > 50))  # NaN: no pattern
+    return bool(below and (not patterned(record) or record["removed"] > 50))
+
+
+def patterned(record: dict[str, object]) -> bool:
+    """Whether the cell's teacher has a position-locked part (RMS at least ``NO_PATTERN``)."""
+    return record["pattern_rms"] >= NO_PATTERN
 
 
 def table(records: list[dict[str, object]]) -> str:
@@ -650,7 +658,7 @@ def table(records: list[dict[str, object]]) -> str:
             if r["prepass"] is None
             else ("0 (zero start)" if r["prepass"] == 0 else str(r["prepass"]))
         )
-        removed = "—" if r["removed"] != r["removed"] else f"{r['removed']:.1f} %"
+        removed = f"{r['removed']:.1f} %" if patterned(r) else "—"
         rows.append(
             f"| {'win' if wins(r) else '**loses**'} | {r['kind']} | {r['seed']} | "
             f"{r['grid']}x{r['grid']} | {r['factor']} | {r['steps']} | {prepass} | "
@@ -659,11 +667,11 @@ def table(records: list[dict[str, object]]) -> str:
             f"{r['bias_rms']:.2f} / {r['pattern_rms']:.2f} | {r['seconds']:.0f} |"
         )
     below = sum(r["featsharp"] < min(r["bilinear"], r["tiles"]) for r in records)
-    patterned = [r for r in records if r["removed"] == r["removed"]]
-    removed = sum(r["removed"] > 50 for r in patterned)
+    with_pattern = [r for r in records if patterned(r)]
+    removed = sum(r["removed"] > 50 for r in with_pattern)
     rows.append(
         f"featsharp below bilinear and tiles on {below} of {len(records)} cells; "
-        f"pattern removed > 50 % on {removed} of {len(patterned)}"
+        f"pattern removed > 50 % on {removed} of {len(with_pattern)}"
     )
     return "\n".join(rows)
 
@@ -678,12 +686,14 @@ def sweep(cells: list[Cell], out: Path, jobs: int) -> list[dict[str, object]]:
     """Run ``cells`` not yet started (no log ``<out>.<cell>.log``: delete it to run the cell
     again), ``jobs`` processes at a time with one thread each (``cell`` subcommands); returns
     every record of ``out``."""
-    queue = [c for c in cells if not out.with_suffix(f".{c.name}.log").exists()]
+    queue = list(cells)
     running: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
+            if out.with_suffix(f".{cell.name}.log").exists():
+                continue  # started by this sweep or another
             flags = [
                 f"--{f.name}={getattr(cell, f.name)}"
                 for f in dataclasses.fields(cell)
