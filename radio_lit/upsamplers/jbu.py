@@ -50,14 +50,24 @@ class JBUStage(nn.Module):
     def __init__(self, dim: int, factor: int, radius: int = 3, guidance_dim: int = 32) -> None:
         super().__init__()
         self.factor, self.radius = factor, radius
+        # no bias on the last layer: it cancels in g(q) - g(n), so its gradient is rounding
+        # noise that can be too small to move it (TrainingProgressGuard then stops the run)
         self.range_embedding = nn.Sequential(
-            nn.Conv2d(3, guidance_dim, 1), nn.GELU(), nn.Conv2d(guidance_dim, guidance_dim, 1)
+            nn.Conv2d(3, guidance_dim, 1),
+            nn.GELU(),
+            nn.Conv2d(guidance_dim, guidance_dim, 1, bias=False),
         )
         self.log_sigma_spatial = nn.Parameter(torch.tensor(math.log(float(factor))))
         self.log_sigma_range = nn.Parameter(torch.zeros(()))
         self.correction = nn.Conv2d(dim, dim, 1)
         nn.init.zeros_(self.correction.weight)
         nn.init.zeros_(self.correction.bias)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
+        """A checkpoint saved with the range embedding's last bias loads without it (the
+        bias cancels in the range term: it never changed the output)."""
+        state_dict.pop(f"{prefix}range_embedding.2.bias", None)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, features: Tensor, image: Tensor) -> Tensor:
         """``features [B, C, h, w]``, guidance ``image [B, 3, H', W']`` -> ``[B, C, f h, f w]``."""

@@ -118,6 +118,21 @@ def test_the_joint_bilateral_stack_follows_the_factor_and_averages():
     torch.testing.assert_close(constant, torch.full_like(constant, 2.5))
 
 
+def test_every_joint_bilateral_parameter_gets_a_gradient_and_old_checkpoints_load():
+    # the range term depends on g(q) - g(n) only: a bias on g's last layer cancels, its
+    # gradient is rounding noise that TrainingProgressGuard can find unmoved at step 0 (it
+    # stopped a benchmarks/featsharp.py run of kind few-tokens); the layer has none
+    torch.manual_seed(0)
+    stage = JBUStack(5, 3).stages[0]
+    assert stage.range_embedding[2].bias is None
+    stage.correction.weight.data.normal_()
+    stage(torch.randn(1, 5, 3, 3), torch.rand(1, 3, 27, 27)).square().sum().backward()
+    for name, parameter in stage.named_parameters():
+        assert parameter.grad.abs().max() > 1e-6, name
+    saved = {**stage.state_dict(), "range_embedding.2.bias": torch.ones(32)}
+    stage.load_state_dict(saved)  # a checkpoint from before (strict): the bias is dropped
+
+
 def test_the_fusion_block_keeps_the_base_channels():
     torch.manual_seed(0)
     block = FusionBlock(8, heads=2, window=3, layer_scale=1.0)
