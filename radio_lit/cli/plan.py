@@ -51,6 +51,7 @@ from radio_lit.planning.plan import (
     table,
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
+from radio_lit.planning.repeated_blocks import BlockRecords
 from radio_lit.planning.time_model import load_calibration
 from radio_lit.planning.verdict import assumptions, packed_assumption
 
@@ -305,6 +306,7 @@ def _plan(
     layouts = [(configured, packing)]
     if args.compare_layouts:
         layouts = compared_layouts(configured, packing, module.student)
+    blocks = BlockRecords()  # each distinct block call counted once, across every count here
     stages = []
     for given, (partitions, packed) in itertools.product(gpu_counts, layouts):
         module.partitions, module.student_step.packing = partitions, packed
@@ -328,6 +330,7 @@ def _plan(
                 previous_gradients=previous // shards,
                 trunk_frozen=loop.trunk_frozen,
                 reduce_scatter=scatter,
+                blocks=blocks,
             )
             counts[rank] = count()
             largest = largest_draws(module.partitions)

@@ -186,6 +186,11 @@ class StepCounter(TorchDispatchMode):
         self._parts = [OTHER]
         self._live: dict[int, weakref.finalize] = {}
 
+    @property
+    def current_part(self) -> str:
+        """The innermost part entered (:data:`OTHER` outside every part)."""
+        return self._parts[-1]
+
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
         self._parts.append(name)
@@ -342,6 +347,16 @@ def packed_attention(module: Any, gpu: bool) -> Iterator[str | None]:
             yield kernel
     finally:
         packing.chosen = chosen
+
+
+@contextlib.contextmanager
+def _cuda_known() -> Iterator[None]:
+    """``torch.cuda.is_available()`` answered once for the step: ``FakeTensorMode`` asks it at
+    every operation, and a CUDA build of torch on a machine without a GPU answers each time by
+    an NVML query (a sixth of a plan's time on the 2-core CPU)."""
+    available = torch.cuda.is_available()
+    with mock.patch.object(torch.cuda, "is_available", lambda: available):
+        yield
 
 
 def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
@@ -513,6 +528,7 @@ def count_step(
     draws: Mapping[str, int] | None = None,
     trunk_frozen: bool = False,
     reduce_scatter: tuple[int, int] = (0, 0),
+    blocks: Any = None,
 ) -> StepCount:
     """One training step of global rank ``rank`` of ``world_size`` on fake tensors.
 
@@ -535,6 +551,9 @@ def count_step(
             ``model.fsdp2.layout: student``, the shipped configs'; a unit per block
             reduce-scatters a block's at a time, which this over-counts]; their copies' bytes
             are moved in the step's ``other`` part (:func:`fsdp2_copies`).
+        blocks: a :class:`~radio_lit.planning.repeated_blocks.BlockRecords` to count each
+            distinct block call once in and replay from (kept across a plan's counts;
+            ``None``: every block counted in full).
         previous_gradients: bytes of the previous step's gradients on this rank (float32,
             FSDP2's shard of them), alive through the forward: Lightning's loop calls
             ``zero_grad`` (``set_to_none``) after ``training_step`` and before ``backward``, so
@@ -552,6 +571,7 @@ def count_step(
     and a published model's imported heads composed with them (``module.imported_heads`` is
     emptied).
     """
+    from radio_lit.planning.repeated_blocks import repeated_blocks
     from radio_lit.students.spectral_reparam import spectral_step
 
     plan = module.partitions
@@ -590,6 +610,7 @@ def count_step(
         mock.patch.object(plan, "chunks", chunks),
         _labelled(module, counter, outputs),
         fused_attention(device) if gpu_attention else _no_fast_path(),
+        _cuda_known(),
         packed_attention(module, gpu_attention) as kernel,
         counter,
         contextlib.ExitStack() as stack,
@@ -599,6 +620,8 @@ def count_step(
             counter.track(previous)
         sharded = [module.student, module.heads, *filter(None, [getattr(module, "ema", None)])]
         stack.enter_context(gathered_weights(sharded, gathered))
+        if blocks is not None:
+            stack.enter_context(repeated_blocks(module, counter, blocks))
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
         with precision, spectral_step(module.student):
             loss = module._shared_step(pixels, "train")
