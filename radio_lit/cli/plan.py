@@ -146,7 +146,8 @@ def main(argv: Sequence[str]) -> None:
                 parser.error(f"--config {config}: no such config file")
     counts = args.gpus or [None]
     # [stage][N x layout]: with --compare-layouts, the configured layout then the others
-    plans = [_plan(files, overrides, args, gpu, fit, counts) for files in stages]
+    blocks = BlockRecords()  # each distinct block call counted once, across every stage's count
+    plans = [_plan(files, overrides, args, gpu, fit, counts, blocks) for files in stages]
     layouts = len(plans[0]) // len(counts)
     by_count = list(zip(*plans, strict=True))  # [N x layout][stage]
     totals = [recipe_total(p) if len(stages) > 1 else None for p in by_count]
@@ -279,9 +280,10 @@ def _plan(
     gpu: Any,
     fit: Any,
     gpu_counts: Sequence[int | None],
+    blocks: BlockRecords,
 ) -> list[StagePlan]:
     """The stage of ``files`` + ``overrides`` planned at each of ``gpu_counts`` (``None``: the
-    config's devices x num_nodes), built once."""
+    config's devices x num_nodes), built once; its blocks replayed from ``blocks``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cli, raw = _build(files, overrides, args.teacher_depth)
@@ -306,7 +308,10 @@ def _plan(
     layouts = [(configured, packing)]
     if args.compare_layouts:
         layouts = compared_layouts(configured, packing, module.student)
-    blocks = BlockRecords()  # each distinct block call counted once, across every count here
+    for given, (partitions, _) in itertools.product(gpu_counts, layouts):
+        module.partitions = partitions  # a batch that does not split: said before counting
+        _distinct_ranks(module, given or _world(raw))
+    module.partitions = configured
     stages = []
     for given, (partitions, packed) in itertools.product(gpu_counts, layouts):
         module.partitions, module.student_step.packing = partitions, packed
