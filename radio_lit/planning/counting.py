@@ -571,7 +571,6 @@ def count_step(
     and a published model's imported heads composed with them (``module.imported_heads`` is
     emptied).
     """
-    from radio_lit.planning.repeated_blocks import repeated_blocks
     from radio_lit.students.spectral_reparam import spectral_step
 
     plan = module.partitions
@@ -621,7 +620,7 @@ def count_step(
         sharded = [module.student, module.heads, *filter(None, [getattr(module, "ema", None)])]
         stack.enter_context(gathered_weights(sharded, gathered))
         if blocks is not None:
-            stack.enter_context(repeated_blocks(module, counter, blocks))
+            stack.enter_context(blocks.replaying(module, counter))
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
         with precision, spectral_step(module.student):
             loss = module._shared_step(pixels, "train")

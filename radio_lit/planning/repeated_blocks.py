@@ -187,6 +187,11 @@ class BlockRecords:
         self.records: dict[tuple, _Record | None] = {}  # None: counted in full every time
         self.probes = self.replays = 0
 
+    def replaying(self, module: nn.Module, counter: StepCounter) -> Any:
+        """:func:`repeated_blocks` of ``module`` under ``counter`` with these records (what
+        :func:`~radio_lit.planning.counting.count_step` enters)."""
+        return repeated_blocks(module, counter, self)
+
 
 class _Replayed:
     """A block's forward that replays its record (module docstring)."""
