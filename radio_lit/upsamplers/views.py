@@ -45,8 +45,12 @@ class JitteredViews(nn.Module):
         """``images [B, 3, S, S]`` in ``[0, 1]`` -> views ``[B n, 3, S, S]`` (image ``i``'s
         views at rows ``i n .. i n + n - 1``) and their matrices ``[B n, 3, 3]`` (pixels)."""
         repeated = images.repeat_interleave(self.count, 0)
-        self.augment(repeated)  # draws the transforms (kornia composes their matrices)
-        matrices = self.augment.transform_matrix.to(images.dtype)
+        # draws the transforms and composes their matrices without applying them: kornia's
+        # forward would warp every view twice more (as much as the warp below each) and the
+        # images would be thrown away; the same draws from the same generator state
+        params = self.augment.forward_parameters(repeated.shape)
+        matrices = self.augment.get_transformation_matrix(repeated, params, recompute=True)
+        matrices = matrices.to(images.dtype)
         # one warp by the composed matrix, reflecting at the border [choice] (the objective
         # weighs the part of a view the image covers)
         size = (images.shape[-2], images.shape[-1])

@@ -180,6 +180,25 @@ def test_views_are_kornias_warps_and_feature_warps_follow_the_matrices():
     torch.testing.assert_close(warped[..., :2, 1:], F.avg_pool2d(moved, 16)[..., :2, 1:])
 
 
+def test_views_draw_kornias_transforms_without_kornias_warps():
+    """The views' matrices are those kornia's own forward composes from the same generator
+    state (kornia 0.9 ``AugmentationSequential.transform_matrix`` after a call), the draws
+    leave the generator where that call leaves it (a resumed run's views continue), and the
+    augmentations never warp the images (their warps were thrown away)."""
+    views = JitteredViews(count=2)
+    images = torch.rand(3, 3, 48, 48)
+    torch.manual_seed(1)
+    views.augment(images.repeat_interleave(2, 0))
+    expected, after = views.augment.transform_matrix, torch.rand(4)
+    warps = []
+    for module in views.augment.children():  # RandomAffine, RandomPerspective
+        module.register_forward_hook(lambda *_: warps.append(1))
+    torch.manual_seed(1)
+    _, matrices = views(images)
+    torch.testing.assert_close(matrices, expected)
+    assert torch.equal(torch.rand(4), after) and not warps
+
+
 def test_seams_weigh_twice_and_average_one():
     weights = seam_weights((12, 12), 3, 2.0)
     assert abs(float(weights.mean()) - 1) < 1e-6
