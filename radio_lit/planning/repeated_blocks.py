@@ -143,9 +143,7 @@ def _plain(value: Any) -> Any:
         return (type(value).__name__, tuple(_plain(v) for v in value))
     if isinstance(value, types.MethodType):  # a forward set on an instance (DAMP's)
         return ("method", value.__func__)
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return value
-    if isinstance(value, torch.Size | torch.device):
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, torch.device)):
         return value
     raise TypeError(type(value).__name__)
 
