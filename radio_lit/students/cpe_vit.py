@@ -390,7 +390,14 @@ class CPEViT(Student):
         return cpe_eval_window(grid, hw, self.cpe_align_corners).permute(0, 2, 3, 1)
 
     def _random_window(self, grid: Tensor, batch: int, h: int, w: int) -> Tensor:
-        """Resample a random window (scale, aspect, offset per sample) to ``[B, D, h, w]``."""
+        """Resample a random window (scale, aspect, offset per sample) of ``grid [1, D, G, G]``
+        to ``[B, D, h, w]``.
+
+        Every sample's ``h x w`` points are sampled from the one grid in one call, stacked as
+        a ``B h x w`` map [choice]: ``grid_sample`` of the grid expanded to ``B`` copies would
+        give the same values, but its backward writes a dense ``[B, D, G, G]`` gradient and
+        sums it over the copies (a ViT-H at 2048 px max: 84 MB a sample; on a CPU a quarter
+        of a small distillation's step, benchmarks/README.md)."""
         device = grid.device
         scale = torch.empty(batch, 1, 1, device=device).uniform_(self.cpe_min_scale, 1.0)
         log_aspect = torch.empty(batch, 1, 1, device=device).uniform_(
@@ -402,14 +409,15 @@ class CPEViT(Student):
         ys = torch.linspace(0.0, 1.0, h, device=device)
         xs = torch.linspace(0.0, 1.0, w, device=device)
         unit = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1)  # [h, w, 2] as (x, y)
-        coords = (unit.unsqueeze(0) * extent + offset) * 2.0 - 1.0
-        return F.grid_sample(
-            grid.expand(batch, -1, -1, -1),
-            coords,
+        coords = (unit.unsqueeze(0) * extent + offset) * 2.0 - 1.0  # [B, h, w, 2]
+        window = F.grid_sample(
+            grid,
+            coords.reshape(1, batch * h, w, 2),
             mode="bilinear",
             padding_mode="border",
             align_corners=True,
-        )
+        )  # [1, D, B h, w]
+        return window.reshape(grid.shape[1], batch, h, w).transpose(0, 1)
 
     # -- blocks -------------------------------------------------------------------------------
     def begin_step(self, seed: int, step: int) -> None:

@@ -239,3 +239,27 @@ def test_the_export_of_a_cpe_dropout_student_is_its_evaluation_forward():
 def test_cpe_dropout_outside_0_1_is_one_line_naming_the_option():
     with pytest.raises(ValueError, match=r"cpe_dropout must lie in \[0, 1\), got 1.0"):
         tiny_student(cpe_dropout=1.0)
+
+
+def test_training_windows_and_their_gradient_are_those_of_the_grid_sampled_per_sample():
+    """One sampling of the grid for the whole batch equals ``grid_sample`` of the grid
+    expanded to one copy a sample, values and the grid's gradient."""
+    student = tiny_student().train()
+    sampled = []
+
+    def recorded(grid, coords, **kwargs):
+        sampled.append((grid, coords, kwargs))
+        return original(grid, coords, **kwargs)
+
+    original = torch.nn.functional.grid_sample
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "grid_sample", recorded)
+        windows = student.position_embeddings(3, (5, 7)).permute(0, 3, 1, 2)
+    [(grid, coords, kwargs)] = sampled
+    assert grid.shape[0] == 1  # one grid, not three copies
+    per_sample = original(grid.expand(3, -1, -1, -1), coords.reshape(3, 5, 7, 2), **kwargs)
+    torch.testing.assert_close(windows, per_sample)
+    weights = torch.randn(windows.shape)
+    (gradient,) = torch.autograd.grad((windows * weights).sum(), student.pos_embed)
+    (expected,) = torch.autograd.grad((per_sample * weights).sum(), student.pos_embed)
+    torch.testing.assert_close(gradient, expected)
