@@ -37,7 +37,7 @@ import contextlib
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -378,7 +378,9 @@ def fake_module(module: nn.Module, mode: Any, device: str = "cpu") -> None:
 
 
 @contextlib.contextmanager
-def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Iterator[None]:
+def gathered_weights(
+    modules: list[nn.Module], dtype: torch.dtype | None
+) -> Iterator[Callable[[], None]]:
     """FSDP2's gathered weights while the step runs: a copy of every floating parameter of
     ``modules`` in ``dtype`` (its ``MixedPrecisionPolicy``'s ``param_dtype``, or the
     parameters' own: FSDP2 all-gathers into a buffer of its own on any number of ranks;
@@ -392,7 +394,11 @@ def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Ite
     gathered copy counts in the step peak, alive from the forward through the backward
     (``model.fsdp2.layout: student``, the shipped configs' [choice]: under ``blocks`` with
     ``reshard_after_forward`` a block's copy lives only while it runs, which over-counts).
-    Restored afterwards, gradients cleared."""
+
+    Yields ``reshard``: the parameters restored, the gathered copy dropped and the gradients
+    kept, as FSDP2's post-backward reshard frees the unsharded weights before its
+    reduce-scatter's buffers are made (torch's ``FSDPParamGroup.post_backward``). Restored
+    afterwards in any case, gradients cleared."""
     saved: list[tuple[nn.Parameter, Tensor]] = []
     if dtype is not None:
         for module in modules:
@@ -400,11 +406,16 @@ def gathered_weights(modules: list[nn.Module], dtype: torch.dtype | None) -> Ite
                 if parameter.is_floating_point():  # FSDP2's all-gather output: a copy
                     saved.append((parameter, parameter.data))
                     parameter.data = parameter.data.to(dtype, copy=True)
-    try:
-        yield
-    finally:
+
+    def reshard() -> None:
         for parameter, data in saved:
             parameter.data = data
+
+    try:
+        yield reshard
+    finally:
+        reshard()
+        for parameter, _ in saved:
             parameter.grad = None
 
 
@@ -618,7 +629,7 @@ def count_step(
         if previous_gradients:
             counter.track(previous)
         sharded = [module.student, module.heads, *filter(None, [getattr(module, "ema", None)])]
-        stack.enter_context(gathered_weights(sharded, gathered))
+        reshard = stack.enter_context(gathered_weights(sharded, gathered))
         if blocks is not None:
             stack.enter_context(blocks.replaying(module, counter))
         module.student.begin_step(0, 0)  # the student's per-step draws (ViTDet), seed 0
@@ -627,6 +638,7 @@ def count_step(
         del previous  # zero_grad(set_to_none=True): the previous step's gradients freed
         with counter.part(BACKWARD):
             loss.backward()
+            reshard()  # the gathered weights freed before the reduce-scatter's buffers
             with mode:
                 buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in reduce_scatter]
             for buffer in buffers:

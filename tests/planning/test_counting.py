@@ -40,6 +40,22 @@ def test_gathered_weights_are_counted_in_bf16_and_restored():
     assert layer.weight.grad is None
 
 
+def test_the_gathered_copy_is_freed_before_the_reduce_scatter_and_the_gradients_kept():
+    """FSDP2's post-backward reshard frees the unsharded weights before its reduce-scatter's
+    buffers are made: after ``reshard`` only the gradients of the copy are counted."""
+    layer = nn.Linear(256, 512)
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with StepCounter() as counter, gathered_weights([layer], torch.bfloat16) as reshard:
+        layer(x).float().sum().backward()
+        before = counter.current
+        reshard()
+        assert layer.weight.dtype == torch.float32
+        assert layer.weight.grad.dtype == torch.bfloat16  # the unsharded gradient, kept
+        after = counter.current
+    assert before - after == (512 * 256 + 512) * 2  # the gathered bf16 copy
+    assert layer.weight.grad is None
+
+
 def test_fsdp2_gathers_a_copy_even_in_the_master_dtype():
     """FSDP2 all-gathers into a buffer of its own on any number of ranks: a float32 run's
     gathered weights are a second float32 copy, counted in the step."""

@@ -28,29 +28,39 @@ from benchmarks.train_step import device_overrides
 from radio_lit.planning.counting import count_step, fake_module
 
 
-def _profiled_peak(prof: profile) -> int:
+def _profiled_peak(prof: profile, since: str | None = None) -> int:
     """The most bytes the CPU allocator held beyond what it held when profiling began: its
-    allocation and free events, replayed in time order.
+    allocation and free events, replayed in time order; with ``since``, the most from the
+    start of the first event of that name on (what was made before still counted).
 
     c10's CPU memory reporter records a free only on a thread being profiled, and a gloo
-    collective's staging copy (the ``aten::clone`` under ``c10d::_reduce_scatter_base_``) is
-    freed by whichever thread lets go of the collective's work last, gloo's worker or this
-    one, run to run (on two FSDP2 ranks the allocator's own running total kept one such 12 MB
-    copy in one run of three). A block allocated inside a ``c10d::`` collective whose free is
-    never seen is taken as freed when that (waited-for) collective returned, and a block whose
-    address is handed out again as freed before."""
+    collective's staging copy (the ``aten::clone`` under ``c10d::_reduce_scatter_base_``, the
+    buffer DDP's first broadcast flattens the weights into) is freed by whichever thread lets
+    go of the collective's work last, gloo's worker or this one, run to run (on two FSDP2
+    ranks the allocator's own running total kept one such 12 MB copy in one run of three, on
+    two DDP ranks the 11 MB broadcast buffer in one of five). A block allocated inside a
+    ``c10d::`` collective or by ``aten::flatten_dense_tensors`` whose free is never seen is
+    taken as freed when that operation returned, and a block whose address is handed out
+    again as freed before."""
+
+    def staging(node) -> bool:
+        return node.name.startswith("c10d::") or node.name == "aten::flatten_dense_tensors"
 
     def memory(tree, collective):
         for node in tree:
-            inside = collective or (node if node.name.startswith("c10d::") else None)
+            inside = collective or (node if staging(node) else None)
             if hasattr(node.extra_fields, "total_allocated"):
                 yield node, collective
             yield from memory(node.children, inside)
 
-    events = sorted(
-        memory(prof.profiler.kineto_results.experimental_event_tree(), None),
-        key=lambda e: e[0].start_time_ns,
-    )
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    events = sorted(memory(tree, None), key=lambda e: e[0].start_time_ns)
+    start = 0
+    if since is not None:
+        nodes = list(tree)
+        for node in nodes:
+            nodes += node.children
+        start = min(n.start_time_ns for n in nodes if n.name == since)
 
     def freed(size: int, collective, at: int) -> tuple[int, int]:
         return (at if collective is None else collective.end_time_ns, -size)
@@ -67,9 +77,10 @@ def _profiled_peak(prof: profile) -> int:
     unseen += [freed(size, c, 0) for size, c in live.values() if c is not None]
     changes = [(n.start_time_ns, n.extra_fields.alloc_size) for n, _ in events]
     total = peak = 0
-    for _, size in sorted(changes + unseen, key=lambda change: change[0]):
+    for at, size in sorted(changes + unseen, key=lambda change: change[0]):
         total += size
-        peak = max(peak, total)
+        if at >= start:
+            peak = max(peak, total)
     return peak
 
 
