@@ -357,7 +357,8 @@ class FeatSharpModule(pl.LightningModule):
         logs = {"train/loss": loss, "train/mse": consistency_loss(lowered, target, weight)}
         if log_scale is not None:
             logs["train/uncertainty"] = log_scale.mean()
-        logs["train/bias_rms"] = self.upsampler.bias.bias.square().mean().sqrt()
+        applied = self.upsampler.bias.pattern(self.teacher.grid_size).detach()
+        logs["train/bias_rms"] = applied.square().mean().sqrt()
         return logs
 
     def locked_loss(self, low: Tensor, targets: Tensor, matrices: Tensor, pixels: int) -> Tensor:
