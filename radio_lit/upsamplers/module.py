@@ -165,12 +165,11 @@ class FeatSharpModule(pl.LightningModule):
         bias_from_statistics: start the de-biasing buffer at the negative of the pre-pass's
             position-locked mean (the low-resolution pass's mean at each token over the
             pre-pass's images, less its mean over the grid, in the normalized space) instead
-            of zero [choice; the paper starts it at zero: a large position-locked token (a
-            ViT's high-norm token) is far from a zero start, and while the bias travels there
-            the fusion block and the downsampler learn to reproduce what it has not yet
-            cancelled (benchmarks/featsharp.py, kind ``structured``)]. The estimate is
-            shrunk by its own standard error (:func:`shrunk_locked_mean`): a short pre-pass
-            plants no noise as a pattern.
+            of zero [choice; the paper starts it at zero. With the preconditioned gradient
+            (``precondition_views``) both starts win on every cell of benchmarks/featsharp.py
+            with a pattern; the pre-pass start is nearer the answer from the first step]. The
+            estimate is shrunk by its own standard error (:func:`shrunk_locked_mean`): a short
+            pre-pass plants no noise as a pattern.
         bias_consistency: weight of the bias's own objective (:meth:`locked_loss`: the
             low-resolution pass warped into each view against the teacher's output on it), from
             which alone the bias learns [choice; 0: the paper's training, the bias learning
