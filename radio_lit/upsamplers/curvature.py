@@ -14,10 +14,10 @@ smallest non-zero eigenvalue is 0.7 % of its largest at an 8x8 grid, 0.2 % at 24
 null direction is the constant, which no view changes). NAdam, the paper's optimizer, scales
 each coordinate (token, channel) by its own gradient's size; along such weak directions a
 bias trained so drifts, and grows a tilt of its own instead of the pattern's (8x8 grid, kind
-``structured``, 300 steps from zero: 31 % of the pattern removed, where the objective's own
-optimum removes 91 %; benchmarks/featsharp.py). Multiplied by :func:`preconditioner` first,
-every direction of the gradient is the distance to the optimum along it, and NAdam brings
-each at its rate [choice: not in the paper].
+``structured`` of benchmarks/featsharp.py, 300 steps from zero: 31 % of the pattern removed,
+where the objective's own optimum removes 91 %; docs/featsharp.md). Multiplied by
+:func:`preconditioner` first, every direction of the gradient is the distance to the optimum
+along it, and NAdam brings each at its rate [choice: not in the paper].
 """
 
 from __future__ import annotations
