@@ -3,7 +3,8 @@
 A learnable map ``B [C, h, w]`` on the teacher's token grid, zero at the start, added to every
 teacher output the upsampler sees (the low-resolution pass, each tile, and the training
 targets): multi-view consistency can only be met when the teacher's position-locked noise is
-cancelled, so ``B`` learns its negative.
+cancelled, so ``B`` learns its negative. Its mean over the grid is left out
+(:meth:`BiasBuffer.pattern`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,18 @@ class BiasBuffer(nn.Module):
         return self
 
     def pattern(self, grid: tuple[int, int]) -> Tensor:
-        """The bias ``[h, w, C]`` on ``grid`` (bilinearly resized if it differs [notes 4.3])."""
+        """The bias ``[h, w, C]`` less its mean over the grid, on ``grid`` (bilinearly resized
+        if it differs [notes 4.3]).
+
+        The mean is left out [choice]: a constant offset is not locked to positions (the
+        normalizer's mean is the features' own), and no objective sees it, as it is added to
+        the inputs and the targets alike: the upsampler carries it to its output. NAdam, which
+        scales each token's step by its own gradient's size, lets it drift: from a zero start
+        at an 8x8 grid (kind ``structured``, 300 steps) to an RMS of 0.5-0.8 per channel,
+        the pattern's own size, and FeatSharp's error to the truth 1.4-2.1x bilinear's with
+        87-89 % of the pattern removed (benchmarks/featsharp.py)."""
         bias = self.bias if self.learns else self.bias.detach()
+        bias = bias - bias.mean((1, 2), keepdim=True)
         if tuple(bias.shape[1:]) != tuple(grid):
             bias = F.interpolate(bias[None], size=grid, mode="bilinear", align_corners=False)[0]
         return bias.permute(1, 2, 0)

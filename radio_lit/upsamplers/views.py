@@ -45,12 +45,7 @@ class JitteredViews(nn.Module):
         """``images [B, 3, S, S]`` in ``[0, 1]`` -> views ``[B n, 3, S, S]`` (image ``i``'s
         views at rows ``i n .. i n + n - 1``) and their matrices ``[B n, 3, 3]`` (pixels)."""
         repeated = images.repeat_interleave(self.count, 0)
-        # draws the transforms and composes their matrices without applying them: kornia's
-        # forward would warp every view twice more (as much as the warp below each) and the
-        # images would be thrown away; the same draws from the same generator state
-        params = self.augment.forward_parameters(repeated.shape)
-        matrices = self.augment.get_transformation_matrix(repeated, params, recompute=True)
-        matrices = matrices.to(images.dtype)
+        matrices = self.transforms(repeated)
         # one warp by the composed matrix, reflecting at the border [choice] (the objective
         # weighs the part of a view the image covers)
         size = (images.shape[-2], images.shape[-1])
@@ -60,6 +55,18 @@ class JitteredViews(nn.Module):
             repeated, matrices, size, padding_mode="reflection", align_corners=True
         )
         return views, matrices
+
+    def transforms(self, images: Tensor) -> Tensor:
+        """One view's transform of each of ``images [N, 3, S, S]`` (only their shape, dtype and
+        device are read: an expanded scalar will do), drawn from torch's default generator:
+        ``[N, 3, 3]`` (pixels).
+
+        The transforms are drawn and composed without being applied: kornia's forward would
+        warp every view twice more (as much as the view's own warp each) only for the images
+        to be thrown away; the same draws from the same generator state."""
+        params = self.augment.forward_parameters(images.shape)
+        matrices = self.augment.get_transformation_matrix(images, params, recompute=True)
+        return matrices.to(images.dtype)
 
 
 def cell_matrix(matrix: Tensor, cell: float) -> Tensor:
