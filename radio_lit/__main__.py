@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from radio_lit.core.errors import BuildInterrupted
+from radio_lit.core.errors import BuildInterrupted, interruption
 from radio_lit.distributed.cluster import STOP, stop_building
 
 
@@ -26,6 +26,11 @@ def main() -> None:
 
         run()
     except BuildInterrupted as stop:  # before radio_lit.cli.app.main could take it
+        sys.exit(stop_building(stop.signum))
+    except Exception as error:  # the signal landed while a class was made: wrapped
+        stop = interruption(error)
+        if stop is None:
+            raise
         sys.exit(stop_building(stop.signum))
 
 

@@ -60,6 +60,7 @@ from radio_lit.core.errors import (
     checkpoint_file,
     checkpoint_mismatch,
     config_error,
+    interruption,
     lost_rank,
     report,
     short_message,
@@ -302,6 +303,10 @@ class RadioLitCLI(LightningCLI):
             if user_stop and self.trainer.is_global_zero:
                 before.restore()
             raise
+        except Exception as error:  # a stop signal wrapped by Python (core.errors.interruption)
+            if interruption(error) is not None and self.trainer.is_global_zero:
+                before.restore()
+            raise
 
     def _require_val_dir(self, command: str) -> None:
         if getattr(self.datamodule, "val_dir", "") is None:
@@ -496,6 +501,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
     except BuildInterrupted as stop:
+        sys.exit(stop_building(stop.signum))
+    except Exception as error:  # the signal landed while a class was made: wrapped
+        stop = interruption(error)
+        if stop is None:
+            raise
         sys.exit(stop_building(stop.signum))
     finally:
         if installed:

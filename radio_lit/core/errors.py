@@ -85,6 +85,19 @@ class BuildInterrupted(BaseException):
         super().__init__(f"stopped by {signal.Signals(signum).name} while the run was built")
 
 
+def interruption(error: BaseException) -> BuildInterrupted | None:
+    """The :class:`BuildInterrupted` that ``error`` is, or that it was raised from or while
+    handling: a signal that lands while Python creates a class (``cached_property``'s
+    ``__set_name__``, say, in the middle of an import) comes back wrapped in a
+    ``RuntimeError``."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, BuildInterrupted):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def config_error(error: BaseException, config: Mapping[str, Any] | None) -> ConfigError:
     """``error`` raised while building the configured classes, as a :class:`ConfigError`.
 

@@ -103,3 +103,30 @@ def test_the_console_command_takes_the_signals_before_its_imports(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     _stop_line(stderr, "SIGTERM")
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_stop_signal_python_wraps_while_a_class_is_made_is_still_one_line(tmp_path):
+    """A signal that lands while Python creates a class (``platform``'s ``uname_result``:
+    ``cached_property.__set_name__``) comes back as a ``RuntimeError`` raised from the handler's
+    ``BuildInterrupted``: still one line and 143, not a traceback."""
+    code = (
+        "import signal, sys\n"
+        "from radio_lit.core.errors import BuildInterrupted\n"
+        "class Wrapped:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'radio_lit.cli.app':\n"
+        "            try:\n"
+        "                raise BuildInterrupted(signal.SIGTERM)\n"
+        "            except BuildInterrupted as stop:\n"
+        "                raise RuntimeError('Error calling __set_name__') from stop\n"
+        "sys.meta_path.insert(0, Wrapped())\n"
+        "sys.argv = ['radio-lit', 'fit']\n"
+        "from radio_lit.__main__ import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    _stop_line(done.stderr, "SIGTERM")
