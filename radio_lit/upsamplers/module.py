@@ -218,6 +218,11 @@ class FeatSharpModule(pl.LightningModule):
             raise ValueError(
                 f"FeatSharpModule: statistics_batches must be at least 1, got {statistics_batches}"
             )
+        if precondition_views < 0:
+            raise ValueError(
+                f"FeatSharpModule: precondition_views must be 0 (off) or more, got "
+                f"{precondition_views}"
+            )
         self.save_hyperparameters(
             ignore=["teacher", "upsampler", "views", "downsampler", "optimizer"]
         )

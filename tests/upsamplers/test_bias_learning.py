@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -136,3 +137,8 @@ def test_a_zero_started_bias_learns_a_structured_pattern_without_a_tilt():
     pattern = structured(8, 8)
     removed, plane = learned(module_for(pattern, precondition_views=128), pattern, 120)
     assert removed > 0.8 and plane < 0.4
+
+
+def test_a_negative_precondition_views_is_refused_naming_the_option():
+    with pytest.raises(ValueError, match="precondition_views must be 0 \\(off\\) or more, got -1"):
+        module_for(torch.zeros(4, 4, 2), precondition_views=-1)
