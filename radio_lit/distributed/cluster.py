@@ -50,21 +50,31 @@ def slurm_job_id() -> str | None:
 def requeue(job_id: str) -> str | None:
     """``scontrol requeue job_id``; None when SLURM took it, else SLURM's reason (one line).
 
-    SLURM then ends the running job (SIGTERM, then SIGKILL after its ``KillWait``) and starts
-    it again, with the same id and ``SLURM_RESTART_COUNT`` one higher, when resources allow.
+    SLURM then ends the running job (SIGTERM to every process of the job, then SIGKILL after
+    its ``KillWait``) and starts it again, with the same id and ``SLURM_RESTART_COUNT`` one
+    higher, when resources allow. When several ranks ask at once, the first request's SIGTERM
+    can kill another rank's ``scontrol`` before it answers: a ``scontrol`` ended by a signal
+    is asked once more, and a job already requeued then answers "pending execution".
     """
-    try:
-        done = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return str(error)
+    for _ in range(2):
+        try:
+            done = subprocess.run(
+                ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return str(error)
+        if done.returncode >= 0:
+            break
     if done.returncode == 0:
         return None
     if "pending execution" in done.stderr:  # another rank of this running job requeued it
         return None
     lines = (done.stderr or done.stdout).strip().splitlines()
-    return lines[-1] if lines else f"scontrol exited {done.returncode}"
+    if lines:
+        return lines[-1]
+    if done.returncode < 0:
+        return f"scontrol was ended by signal {-done.returncode}, twice"
+    return f"scontrol exited {done.returncode}"
 
 
 def allocated_processes() -> tuple[int, str] | None:
