@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import json
 import sys
@@ -88,7 +89,8 @@ def _parser() -> CommandParser:
         type=int,
         default=None,
         help="plan training step S: before FreezeBody's steps the trunk is held (no gradients "
-        "or optimizer state of its own), step 0 has no earlier gradients or optimizer state; "
+        "or optimizer state of its own), before TeacherStatsEstimation's the teacher statistics "
+        "are accumulated and all-reduced, step 0 has no earlier gradients or optimizer state; "
         "default: a step after every warm-up, the run's largest",
     )
     parser.add_argument(
@@ -247,15 +249,13 @@ def _reduce_scatter(module: Any, shards: int) -> tuple[int, int]:
     return values * reduce, values * 4 // shards
 
 
-def _freeze_steps(raw: dict[str, Any]) -> int:
-    """``FreezeBody``'s ``steps`` among the config's callbacks (0 without it)."""
-    from radio_lit.callbacks import FreezeBody
-
-    for callback in (raw.get("trainer") or {}).get("callbacks") or []:
-        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith(
-            "FreezeBody"
-        ):
-            return int((callback.get("init_args") or {}).get("steps", FreezeBody().steps))
+def _callback_steps(raw: dict[str, Any], callback: type) -> int:
+    """``steps`` of ``callback`` (``FreezeBody``, ``TeacherStatsEstimation``) among the
+    config's callbacks, its default where the config leaves it (0 without the callback)."""
+    default = inspect.signature(callback).parameters["steps"].default
+    for entry in (raw.get("trainer") or {}).get("callbacks") or []:
+        if isinstance(entry, dict) and str(entry.get("class_path", "")).endswith(callback.__name__):
+            return int((entry.get("init_args") or {}).get("steps", default))
     return 0
 
 
@@ -301,8 +301,11 @@ def _plan(
     sharded = strategy_name(trainer) == "FSDP2"
     gathered = (low or torch.float32) if sharded else None  # its MixedPrecisionPolicy's
     datamodule = cli.datamodule
-    optimizer = ((raw.get("model") or {}).get("optimizer") or {}).get("class_path", "AdamW")
-    loop = LoopStep(args.step, _freeze_steps(raw))
+    optimizer = (raw.get("model") or {}).get("optimizer") or {"class_path": "AdamW"}
+    from radio_lit.callbacks import FreezeBody, TeacherStatsEstimation
+
+    freeze, estimation = (_callback_steps(raw, c) for c in (FreezeBody, TeacherStatsEstimation))
+    loop = LoopStep(args.step, freeze, estimation)
     previous = loop.updated_bytes(module)  # the earlier step's gradients, through the forward
     configured, packing = module.partitions, module.student_step.packing
     layouts = [(configured, packing)]
@@ -334,6 +337,7 @@ def _plan(
                 gathered=gathered,
                 previous_gradients=previous // shards,
                 trunk_frozen=loop.trunk_frozen,
+                estimating=loop.estimating,
                 reduce_scatter=scatter,
                 blocks=blocks,
             )
@@ -374,7 +378,7 @@ def _plan(
                 gpus=gpus,
                 device=gpu,
                 fit=fit,
-                optimizer_class=str(optimizer),
+                optimizer=optimizer,
                 data_batch=datamodule.batch_size,
                 crop_size=datamodule.crop_size,
                 cache_images=images,

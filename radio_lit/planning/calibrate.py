@@ -271,36 +271,43 @@ def _least_squares(x: list[tuple[float, float]], y: list[float]) -> tuple[float,
     return (alone[0], 0.0) if solution[1] < 0 else (0.0, alone[1])
 
 
-#: Values of float32 per rank of the measured collectives: a small and a large message.
-COLLECTIVE_SIZES = (2**14, 2**21)
+#: Values of float32 per rank of the measured collectives: one (the latency), a small and a
+#: large message (the bandwidth between them).
+COLLECTIVE_SIZES = (1, 2**14, 2**21)
+#: Runs of each collective at each size; their median is taken (a step's collectives are not
+#: its fastest: the least of six was 1.4-1.5x under the median on this project's CPU).
+COLLECTIVE_RUNS = 9
 #: Seconds to wait for the two gloo ranks before the collectives are left unmeasured.
 COLLECTIVE_TIMEOUT_S = 300
 
 
 def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) -> None:
     """One of the two gloo ranks of :func:`_collectives`: each collective at each size, the
-    least of six runs (process CPU time, the communication threads included);
-    rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
+    median of :data:`COLLECTIVE_RUNS` runs (process CPU time, the communication threads
+    included); rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # torch >= 2.14 renames them all_gather_single, reduce_scatter_single (FSDP2 calls these)
+    warnings.filterwarnings("ignore", ".*_tensor` is deprecated", FutureWarning)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     rows: dict[str, list[list[float]]] = {}
     for n in sizes:
-        x, gathered, half = torch.randn(n), torch.empty(2 * n), torch.empty(n // 2)
+        even = 2 * math.ceil(n / 2)  # a reduce-scatter's input splits in two
+        x, gathered, half = torch.randn(even), torch.empty(2 * even), torch.empty(even // 2)
         runs = {  # bytes sent per rank on a ring of 2: (N - 1) / N of the data, x2 all-reduce
-            "all-reduce": (functools.partial(dist.all_reduce, x), 4 * n),
-            "all-gather": (functools.partial(dist.all_gather_into_tensor, gathered, x), 4 * n),
-            "reduce-scatter": (functools.partial(dist.reduce_scatter_tensor, half, x), 2 * n),
+            "all-reduce": (functools.partial(dist.all_reduce, x[:n]), 4 * n),
+            "all-gather": (functools.partial(dist.all_gather_into_tensor, gathered, x), 4 * even),
+            "reduce-scatter": (functools.partial(dist.reduce_scatter_tensor, half, x), 2 * even),
         }
         for op, (run, sent) in runs.items():
-            best = math.inf
-            for _ in range(6):
+            times = []
+            for _ in range(COLLECTIVE_RUNS):
                 dist.barrier()
                 start = time.process_time()
                 run()
-                best = min(best, time.process_time() - start)
-            rows.setdefault(op, []).append([sent, best])
+                times.append(time.process_time() - start)
+            rows.setdefault(op, []).append([sent, statistics.median(times)])
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
@@ -309,9 +316,10 @@ def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) ->
 
 def _collectives() -> dict[str, list[float]]:
     """Gloo's collectives between two processes of this CPU (``torch.multiprocessing``,
-    spawned): per operation ``[GB/s of the bytes a rank sends, latency in ms]``, the line
-    through a small and a large message (:data:`COLLECTIVE_SIZES`); empty when the two ranks
-    did not report within :data:`COLLECTIVE_TIMEOUT_S`."""
+    spawned): per operation ``[GB/s of the bytes a rank sends, latency in ms]``: the
+    latency a one-value message's time, the bandwidth the slope between a small and a large
+    message (:data:`COLLECTIVE_SIZES`); empty when the two ranks did not report within
+    :data:`COLLECTIVE_TIMEOUT_S`."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -335,10 +343,9 @@ def _collectives() -> dict[str, list[float]]:
             if process.is_alive():
                 process.terminate()
     out = {}
-    for op, ((small, t_small), (large, t_large)) in rows.items():
+    for op, ((_, t_one), (small, t_small), (large, t_large)) in rows.items():
         per_byte = max((t_large - t_small) / (large - small), 1e-15)
-        latency = max(t_small - small * per_byte, 0.0)
-        out[op] = [round(1 / per_byte / 1e9, 4), round(latency * 1e3, 5)]
+        out[op] = [round(1 / per_byte / 1e9, 4), round(t_one * 1e3, 5)]
     return out
 
 

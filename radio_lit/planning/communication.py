@@ -10,10 +10,15 @@ Every collective of a step, with its bytes per rank and how many times it runs
   ``student``; blocks kept from forward to backward) or twice (layout ``blocks`` with
   ``reshard_after_forward``: ZeRO-3); the gradients' reduce-scatter in ``reduce_dtype``; the
   **EMA student**'s all-gather (MESA's forward, sharded like the student, forward only: once a
-  step); under LAMB, the compiled update's all-reduces of each tensor's two norms (weight and
-  update, the trust ratio; a scalar each, :mod:`radio_lit.training.lamb`). Each parameter is
+  step); under LAMB, the all-reduces of its norms (:func:`lamb_norms`). Each parameter is
   sharded on dim 0, padded to a multiple of the ranks: the gathered bytes are the padded ones.
 - **DDP**: the float32 gradients all-reduced in 25 MB buckets (DDP's ``bucket_cap_mb``).
+- Under both, **Lightning's stop check**: the training loop broadcasts one value from rank 0
+  before every step (whether a rank received SIGTERM; Lightning >= 2.6), priced as an
+  all-reduce of it [choice: a tree both ways, an upper bound]; and in an estimation step of
+  :class:`~radio_lit.callbacks.TeacherStatsEstimation` the **teacher statistics**: each
+  normalizer all-reduces its float64 sums, ``dim + 1`` values, then its scatter (``dim x dim``,
+  or ``dim`` for an elementwise one; :meth:`~radio_lit.normalizers.base.Normalizer.update`).
 
 Time per collective (ring, ``(N - 1) / N`` of the data each way; an all-reduce twice that):
 bytes over the link's bandwidth (NVLink within a node, the network once ``N`` spans nodes)
@@ -38,7 +43,15 @@ from torch import nn
 
 from radio_lit.planning.devices import Device
 
-__all__ = ["Collective", "cache_read", "collectives", "communication", "padded_numel"]
+__all__ = [
+    "Collective",
+    "cache_read",
+    "collectives",
+    "communication",
+    "lamb_norms",
+    "padded_numel",
+    "statistics_reduces",
+]
 
 #: DDP's default gradient bucket (``bucket_cap_mb=25``), bytes.
 DDP_BUCKET = 25 * 2**20
@@ -81,19 +94,28 @@ def _size(dtype: torch.dtype) -> int:
 
 
 def collectives(
-    module: Any, strategy: str, gpus: int, low: torch.dtype | None, optimizer_class: str
+    module: Any,
+    strategy: str,
+    gpus: int,
+    low: torch.dtype | None,
+    optimizer: Mapping[str, Any],
+    estimating: bool = False,
 ) -> list[Collective]:
     """The collectives of one training step of ``module`` under ``strategy`` at ``gpus``
-    ranks (module docstring); ``low``: autocast's dtype (``None``: 32-bit precision)."""
+    ranks (module docstring); ``low``: autocast's dtype (``None``: 32-bit precision);
+    ``optimizer``: the config's ``model.optimizer`` (``class_path``, ``init_args``);
+    ``estimating``: a step of teacher statistics estimation."""
     if gpus < 2 or strategy == "one device":
         return []
     trainable = [p for _, p in module.trainable_parameters()]
+    out = [Collective("stop check", "all-reduce", 1, 8, "int64")]
+    if estimating:
+        out += statistics_reduces(module)
     if strategy == "DDP":
         values = sum(p.numel() for p in trainable)
         grads = values * 4
-        return [
-            Collective("gradients", "all-reduce", math.ceil(grads / DDP_BUCKET), grads, "float32")
-        ]
+        buckets = math.ceil(grads / DDP_BUCKET)
+        return [Collective("gradients", "all-reduce", buckets, grads, "float32"), *out]
     settings = module.fsdp2
     gathered = low or torch.float32
     name = str(gathered).removeprefix("torch.")
@@ -101,7 +123,7 @@ def collectives(
     gathers = 2 if settings.layout == "blocks" and settings.reshard_after_forward else 1
     padded = padded_numel(trainable, gpus)
     reduce = torch.bfloat16 if settings.reduce_dtype == "bfloat16" else torch.float32
-    out = [
+    sharded = [
         Collective(
             "weights", "all-gather", gathers * units, gathers * padded * _size(gathered), name
         ),
@@ -114,15 +136,61 @@ def collectives(
     if ema is not None and mesa is not None and mesa.weight > 0:
         weights = padded_numel(ema.student.parameters(), gpus) * _size(gathered)
         ema_units = _units(ema.student, (), settings.layout)
-        out.append(Collective("EMA student weights", "all-gather", ema_units, weights, name))
-    if optimizer_class.rsplit(".", 1)[-1].lower() == "lamb":
-        # the trust ratio's two norms of each tensor, one float32 scalar all-reduced each
-        out.append(
-            Collective(
-                "LAMB norms", "all-reduce", 2 * len(trainable), 8 * len(trainable), "float32"
-            )
-        )
-    return out
+        sharded.append(Collective("EMA student weights", "all-gather", ema_units, weights, name))
+    norms = lamb_norms(module.trainable_parameters(), optimizer)
+    return [*sharded, *([norms] if norms else []), *out]
+
+
+def lamb_norms(
+    named: Iterable[tuple[str, nn.Parameter]], optimizer: Mapping[str, Any]
+) -> Collective | None:
+    """LAMB's all-reduces on FSDP2's ``DTensor`` shards (``None``: not LAMB, or none).
+
+    A norm of a shard is a partial one, all-reduced where it is used. Counted on timm's
+    ``Lamb`` (the update :class:`~radio_lit.training.lamb.Lamb` runs eagerly or compiled)
+    over two gloo ranks (``tests/planning/test_communication.py``): the global gradient norm
+    for clipping (``max_grad_norm`` set), one all-reduce of every tensor's norm; then, in each
+    parameter group whose update is adapted (``weight_decay`` not 0, or ``always_adapt``;
+    :func:`~radio_lit.training.optim.parameter_groups`), three of the group's stacked norms
+    (multi-tensor step, ``foreach``) or four scalars a tensor (``foreach: false``).
+    """
+    if str(optimizer.get("class_path", "")).rsplit(".", 1)[-1].lower() != "lamb":
+        return None
+    from radio_lit.training.lamb import Lamb
+    from radio_lit.training.optim import parameter_groups
+
+    init_args = dict(optimizer.get("init_args") or {})
+    defaults = Lamb([nn.Parameter(torch.zeros(1))], **init_args).defaults  # as the run resolves
+    groups = parameter_groups(named)
+    count = values = 0
+    if defaults["max_grad_norm"] is not None:
+        count, values = 1, sum(len(g["params"]) for g in groups)
+    for group in groups:
+        if (
+            group.get("weight_decay", defaults["weight_decay"]) == 0
+            and not defaults["always_adapt"]
+        ):
+            continue
+        tensors = len(group["params"])
+        count += 3 if defaults["foreach"] else 4 * tensors
+        values += 3 * tensors if defaults["foreach"] else 4 * tensors
+    return Collective("LAMB norms", "all-reduce", count, 4 * values, "float32") if count else None
+
+
+def statistics_reduces(module: Any) -> list[Collective]:
+    """The teacher statistics' all-reduces of an estimation step (module docstring): two per
+    statistic (a normalizer's sums and scatter; an angular dispersion's direction sums and
+    squared angles)."""
+    count = values = 0
+    for statistics in module.teacher_statistics().values():
+        for statistic in statistics.values():
+            if statistic.requires_statistics:
+                second = getattr(statistic, "m2", None)  # a dispersion's: one squared angle
+                count += 2
+                values += statistic.dim + 1 + (second.numel() if second is not None else 1)
+    if not count:
+        return []
+    return [Collective("teacher statistics", "all-reduce", count, 8 * values, "float64")]
 
 
 #: The largest all-reduce priced as a tree of small messages (NCCL's LL protocol) [choice].

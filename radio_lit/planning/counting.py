@@ -145,12 +145,15 @@ class OpRecord:
         moved: ``{part: bytes}`` the other operations read and write (inputs and outputs,
             each the memory it spans: :func:`touched_bytes`; an allocation moves none).
         calls: ``{part: operations}``, every one dispatched (the host's cost per operation).
+        copied: ``{part: bytes}`` read and written by large contiguous copies outside the
+            dispatched operations (FSDP2's buffers: :func:`fsdp2_copies`), a copy's bandwidth.
     """
 
     gemms: Counter[tuple] = field(default_factory=Counter)
     attention: Counter[tuple] = field(default_factory=Counter)
     moved: Counter[str] = field(default_factory=Counter)
     calls: Counter[str] = field(default_factory=Counter)
+    copied: Counter[str] = field(default_factory=Counter)
 
     def record(self, part: str, func: Any, args: Any, kwargs: Any, out: Any, flops: int) -> None:
         packet = func._overloadpacket
@@ -538,6 +541,7 @@ def count_step(
     previous_gradients: int = 0,
     draws: Mapping[str, int] | None = None,
     trunk_frozen: bool = False,
+    estimating: bool = False,
     reduce_scatter: tuple[int, int] = (0, 0),
     blocks: Any = None,
 ) -> StepCount:
@@ -577,10 +581,12 @@ def count_step(
         trunk_frozen: a step whose trunk :class:`~radio_lit.callbacks.FreezeBody` holds
             (``StudentStep.trunk_frozen``: the EMA student's trunk and MESA's backbone-only
             forward do not run).
+        estimating: a step of ``TeacherStatsEstimation`` (the teacher statistics accumulated;
+            their refit, every ``refit_every`` steps, not counted).
 
-    Statistics are taken as fitted (the steady state after ``TeacherStatsEstimation``'s steps),
-    and a published model's imported heads composed with them (``module.imported_heads`` is
-    emptied).
+    Statistics are taken as fitted (the steady state after ``TeacherStatsEstimation``'s steps,
+    and its estimation steps after their first refit), and a published model's imported heads
+    composed with them (``module.imported_heads`` is emptied).
     """
     from radio_lit.students.spectral_reparam import spectral_step
 
@@ -590,7 +596,7 @@ def count_step(
     for statistics in module.teacher_statistics().values():
         for normalizer in statistics.values():
             normalizer._is_fitted = True  # the host flag every statistic reads
-    module.estimate_statistics = module.refit_statistics = False
+    module.estimate_statistics, module.refit_statistics = estimating, False
     imported = getattr(module, "imported_heads", None)  # model.init_from's published heads:
     if imported is not None:  # taken as composed with those statistics (a refit's, not a step's)
         imported.names.clear()
@@ -645,9 +651,9 @@ def count_step(
                 if buffer.numel():
                     counter.track(buffer)
             del buffers
-        counter.ops.moved[OTHER] += fsdp2_copies(*reduce_scatter, world_size)
+        counter.ops.copied[OTHER] += fsdp2_copies(*reduce_scatter, world_size)
         peak = counter.peak
-    module.student_step.trunk_frozen = False
+    module.student_step.trunk_frozen = module.estimate_statistics = False
     return StepCount(
         images={name: int(c.crop.shape[0]) for name, c in seen.items()},
         resolutions={name: tuple(c.resolution) for name, c in seen.items()},

@@ -145,6 +145,7 @@ class StagePlan:
     config: str
     step: int | None
     trunk_frozen: bool
+    estimating: bool
     gpu: dict[str, Any]
     gpus: int
     strategy: str
@@ -215,10 +216,14 @@ class LoopStep:
         freeze_steps: :class:`~radio_lit.callbacks.FreezeBody`'s ``steps`` in the config (0
             without it): before them the trunk's gradients are dropped before every
             optimizer step, so neither they nor the trunk's optimizer state exist.
+        statistics_steps: :class:`~radio_lit.callbacks.TeacherStatsEstimation`'s ``steps``
+            (0 without it): before them every step accumulates the teacher statistics and
+            all-reduces them.
     """
 
     step: int | None = None
     freeze_steps: int = 0
+    statistics_steps: int = 0
 
     @property
     def first(self) -> bool:
@@ -228,6 +233,11 @@ class LoopStep:
     @property
     def trunk_frozen(self) -> bool:
         return self.step is not None and self.step < self.freeze_steps
+
+    @property
+    def estimating(self) -> bool:
+        """A step of teacher statistics estimation."""
+        return self.step is not None and self.step < self.statistics_steps
 
     def updated_bytes(self, module: Any) -> int:
         """Bytes of the parameters whose gradients outlive the step and hold optimizer
@@ -406,7 +416,7 @@ def plan_stage(
     gpus: int,
     device: Device,
     fit: Calibration | TimeModel,
-    optimizer_class: str,
+    optimizer: Mapping[str, Any],
     data_batch: int,
     crop_size: int,
     cache_images: int,
@@ -420,7 +430,7 @@ def plan_stage(
     strategy = strategy_name(trainer)
     if gpus > 1 and strategy == "one device":
         strategy = "DDP"  # Lightning's default for several devices
-    states = optimizer_states(optimizer_class)
+    states = optimizer_states(str(optimizer.get("class_path", "AdamW")))
     partitions = module.partitions
     partitions.place(gpus, 0)
     chances = draw_chances(partitions) if draws else {}  # none counted: the largest only
@@ -463,7 +473,7 @@ def plan_stage(
     precision = str(trainer.precision)
     low = torch.bfloat16 if precision.startswith("bf16") else None
     low = torch.float16 if precision.startswith("16") else low
-    found = collectives(module, strategy, gpus, low, optimizer_class)
+    found = collectives(module, strategy, gpus, low, optimizer, loop.estimating)
     comm = communication(found, gpus, device, getattr(fit, "collectives", None))
     largest_step = step + comm["ms"]
     step = mean_step + comm["ms"]
@@ -486,6 +496,7 @@ def plan_stage(
         config=config,
         step=loop.step,
         trunk_frozen=loop.trunk_frozen,
+        estimating=loop.estimating,
         gpu=asdict(device),
         gpus=gpus,
         strategy=strategy,
@@ -538,8 +549,12 @@ def _fmt_parts(flops: Mapping[str, float]) -> str:
 def table(stage: StagePlan) -> str:
     """The human-readable plan of one stage (what ``radio-lit plan`` prints)."""
     gpu = stage.gpu
-    held = " (trunk held by FreezeBody)" if stage.trunk_frozen else ""
-    at = "" if stage.step is None else f" at step {stage.step:,}{held}"
+    held = [
+        *(["trunk held by FreezeBody"] if stage.trunk_frozen else []),
+        *(["teacher statistics estimated"] if stage.estimating else []),
+    ]
+    held_text = f" ({', '.join(held)})" if held else ""
+    at = "" if stage.step is None else f" at step {stage.step:,}{held_text}"
     lines = [
         f"plan: {stage.config}{at} on {stage.gpus} x {gpu['name']} ({stage.strategy}, "
         f"{stage.precision}; {gpu['bf16_tflops']:g} TFLOP/s bf16, "

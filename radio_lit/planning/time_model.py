@@ -11,6 +11,8 @@ A roofline with measured efficiencies, per operation the step counted
 - an attention kernel ``(sequence, head dim, forward or backward)``: its FLOPs at the FLOP/s
   interpolated likewise in ``(log sequence, log head dim)``;
 - every other operation: the bytes it reads and writes at the measured memory bandwidth;
+  FSDP2's own copies of its buffers (:func:`~radio_lit.planning.counting.fsdp2_copies`) at
+  a large copy's (``copy_gb_per_s``);
 - every operation dispatched: the host's measured cost of one (Python, dispatch, a kernel
   launch), fitted on a real training step (``op_us``);
 - the optimizer: 28 bytes per local float32 parameter
@@ -112,6 +114,8 @@ class TimeModel:
             seconds[part] += flops / (rate * 1e12)
         for part, moved in ops.moved.items():
             seconds[part] += moved / (self.memory_gb_per_s * 1e9)
+        for part, copied in ops.copied.items():
+            seconds[part] += copied / ((self.copy_gb_per_s or self.memory_gb_per_s) * 1e9)
         for part, calls in ops.calls.items():
             seconds[part] += calls * self.op_us * 1e-6
         return {part: s * 1e3 for part, s in seconds.items()}

@@ -62,7 +62,7 @@ def test_plan_counts_the_config(name):
         gpus=gpus,
         device=device("h100"),
         fit=calibration(),
-        optimizer_class=str((raw(name)["model"].get("optimizer") or {}).get("class_path", "")),
+        optimizer=raw(name)["model"].get("optimizer") or {},
         data_batch=data.batch_size,
         crop_size=data.crop_size,
         cache_images=1000,

@@ -114,3 +114,16 @@ def test_a_rank_within_the_unexplained_share_of_its_step_peak_may_not_fit(plans,
     ):
         assert line in table, line
     assert "GPU-hours (range " in table and "(measured likely " in table
+
+
+def test_an_estimation_step_counts_the_statistics_and_their_all_reduces():
+    """Before TeacherStatsEstimation's 20 steps each step accumulates the teacher statistics
+    (float64 sums and scatters) and all-reduces them; the step after does neither."""
+    common = ("--gpus", "2", "--largest-draws")
+    estimating, after = (_plan("--step", s, *common) for s in ("15", "25"))
+    assert estimating["estimating"] and not after["estimating"]
+    names = [[c["name"] for c in p["communication"]["collectives"]] for p in (estimating, after)]
+    assert "teacher statistics" in names[0] and "teacher statistics" not in names[1]
+    assert "stop check" in names[0] and "stop check" in names[1]
+    other = [p["ranks"][0]["flops_per_image"]["other"] for p in (estimating, after)]
+    assert other[0] > other[1]  # the statistics' scatters, counted
