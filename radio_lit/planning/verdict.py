@@ -151,7 +151,7 @@ def assumptions(
     device = getattr(calibration, "device", "") or "?"
     on = "the planned GPU" if device == gpu_key.lower() else f"extrapolated to {gpu_key}"
     out.append(
-        assumption("calibration", f"{calibration.source}, {device}", f"{calibration.basis}; {on}")
+        assumption("calibration", calibration.source, f"measured on {device}, {on}")
     )
     return out
 
