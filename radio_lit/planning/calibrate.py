@@ -14,8 +14,10 @@ Measured, each on real tensors of the device (CUDA if visible, else the CPU):
   (:func:`_reference_steps`); what the curves above do not explain is fitted as bytes at
   ``memory_gb_per_s`` plus ``op_us`` per operation (Python, dispatch, the loop's hooks);
 - **collectives**: on a CPU, gloo's all-reduce, all-gather and reduce-scatter between two
-  processes, each a bandwidth and a latency (:func:`_collectives`); on CUDA not measured by
-  this version (the plan takes the link bandwidths of ``devices.yaml``; the file says so).
+  processes, each a bandwidth and a latency (:func:`_collectives`), and FSDP2's host cost
+  per sharded tensor and step there (``fsdp2_us_per_tensor``: :func:`_fsdp2_host_seconds`);
+  on CUDA not measured by this version (the plan takes the link bandwidths of
+  ``devices.yaml``, and FSDP2's host work as overlapped with the GPU's; the file says so).
 
 Timing [choice]: on CUDA wall time between synchronisations; on a CPU the process's CPU time
 (``time.process_time``), which a busy shared machine disturbs least, so a plan made with the
@@ -301,24 +303,74 @@ def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) ->
             "reduce-scatter": (functools.partial(dist.reduce_scatter_tensor, half, x), 2 * even),
         }
         for op, (run, sent) in runs.items():
-            times = []
-            for _ in range(COLLECTIVE_RUNS):
-                dist.barrier()
-                start = time.process_time()
-                run()
-                times.append(time.process_time() - start)
-            rows.setdefault(op, []).append([sent, statistics.median(times)])
+            rows.setdefault(op, []).append([sent, _median_seconds(run, dist.barrier)])
+    fsdp2 = _fsdp2_host_seconds(dist.barrier)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        out.put(rows)
+        out.put({"collectives": rows, "fsdp2": fsdp2})
 
 
-def _collectives() -> dict[str, list[float]]:
+def _median_seconds(
+    run: Callable[[], Any], barrier: Callable[[], Any], runs: int = COLLECTIVE_RUNS
+) -> float:
+    """The median process CPU time of ``runs`` runs of ``run``, each after ``barrier``."""
+    times = []
+    for _ in range(runs):
+        barrier()
+        start = time.process_time()
+        run()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+#: Linear layers of :func:`_fsdp2_host_seconds`' module (two tensors each), their width, and
+#: the steps timed (two calibrations of this project's CPU at 32 layers and 9 steps: 55 and 93
+#: us a tensor).
+FSDP2_LAYERS, FSDP2_WIDTH, FSDP2_RUNS = 64, 16, 25
+
+
+def _fsdp2_host_seconds(barrier: Callable[[], Any]) -> list[float]:
+    """FSDP2's host cost on this process group: ``[tensors, seconds with FSDP2, seconds
+    without]``, a training step (forward, backward, optimizer step) of a module of
+    :data:`FSDP2_LAYERS` small linear layers, one FSDP2 unit over the group (its ``DTensor``
+    shards, AdamW ``foreach``), and of the same module unsharded (AdamW ``fused``), each the
+    median of :data:`FSDP2_RUNS` steps after three. The tensors are small: the difference
+    is FSDP2's work per tensor (its hooks, copy-in and copy-out, the gradients made
+    ``DTensor``, the optimizer's ``DTensor`` dispatch) and one all-gather's and one
+    reduce-scatter's latency."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(FSDP2_WIDTH, FSDP2_WIDTH) for _ in range(FSDP2_LAYERS)]
+    plain = torch.nn.Sequential(*layers)
+    sharded = fully_shard(copy.deepcopy(plain), mesh=init_device_mesh("cpu", (2,)))
+    x = torch.randn(8, FSDP2_WIDTH)
+    seconds = []
+    for module, kind in ((sharded, "foreach"), (plain, "fused")):
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, **{kind: True})
+
+        def step(module: torch.nn.Module = module, optimizer: Any = optimizer) -> None:
+            module(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(3):
+            step()
+        seconds.append(_median_seconds(step, barrier, FSDP2_RUNS))
+    return [2 * FSDP2_LAYERS, *seconds]
+
+
+def _collectives() -> tuple[dict[str, list[float]], float]:
     """Gloo's collectives between two processes of this CPU (``torch.multiprocessing``,
     spawned): per operation ``[GB/s of the bytes a rank sends, latency in ms]``: the
     latency a one-value message's time, the bandwidth the slope between a small and a large
-    message (:data:`COLLECTIVE_SIZES`); empty when the two ranks did not report within
+    message (:data:`COLLECTIVE_SIZES`); and FSDP2's host microseconds per sharded tensor and
+    step beyond its collectives (:func:`_fsdp2_host_seconds`, less the all-gather's and the
+    reduce-scatter's latency). Empty and 0 when the two ranks did not report within
     :data:`COLLECTIVE_TIMEOUT_S`."""
     import tempfile
 
@@ -342,11 +394,16 @@ def _collectives() -> dict[str, list[float]]:
             process.join(timeout=10)
             if process.is_alive():
                 process.terminate()
+    if not rows:
+        return {}, 0.0
     out = {}
-    for op, ((_, t_one), (small, t_small), (large, t_large)) in rows.items():
+    for op, ((_, t_one), (small, t_small), (large, t_large)) in rows["collectives"].items():
         per_byte = max((t_large - t_small) / (large - small), 1e-15)
         out[op] = [round(1 / per_byte / 1e9, 4), round(t_one * 1e3, 5)]
-    return out
+    tensors, with_fsdp2, without = rows["fsdp2"]
+    latencies = (out["all-gather"][1] + out["reduce-scatter"][1]) / 1e3
+    per_tensor = max(with_fsdp2 - without - latencies, 0.0) / tensors
+    return out, round(per_tensor * 1e6, 2)
 
 
 def _commit() -> str:
@@ -387,7 +444,7 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
     )
     reference = _reference_steps(where, curves, now, quick)
     visible = torch.cuda.device_count() if where.type == "cuda" else 1
-    measured_collectives = _collectives() if where.type == "cpu" else {}
+    measured_collectives, fsdp2_us = _collectives() if where.type == "cpu" else ({}, 0.0)
     return {
         "device": name,
         "measured": {
@@ -415,6 +472,7 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
         "op_us": reference["op_us"],
         "reference_steps": reference["steps"],
         "collectives": measured_collectives,
+        "fsdp2_us_per_tensor": fsdp2_us,
     }
 
 

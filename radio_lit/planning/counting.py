@@ -145,15 +145,12 @@ class OpRecord:
         moved: ``{part: bytes}`` the other operations read and write (inputs and outputs,
             each the memory it spans: :func:`touched_bytes`; an allocation moves none).
         calls: ``{part: operations}``, every one dispatched (the host's cost per operation).
-        copied: ``{part: bytes}`` read and written by large contiguous copies outside the
-            dispatched operations (FSDP2's buffers: :func:`fsdp2_copies`), a copy's bandwidth.
     """
 
     gemms: Counter[tuple] = field(default_factory=Counter)
     attention: Counter[tuple] = field(default_factory=Counter)
     moved: Counter[str] = field(default_factory=Counter)
     calls: Counter[str] = field(default_factory=Counter)
-    copied: Counter[str] = field(default_factory=Counter)
 
     def record(self, part: str, func: Any, args: Any, kwargs: Any, out: Any, flops: int) -> None:
         packet = func._overloadpacket
@@ -432,18 +429,22 @@ def largest_draws(partitions: Any) -> dict[str, int]:
 
 
 def fsdp2_copies(scattered: int, shard: int, world_size: int) -> int:
-    """Bytes FSDP2's own copies move in a step beside the collectives (torch's
-    ``_fully_shard/_fsdp_collectives.py``): the all-gather's copy-in of the local shard
-    (``foreach_all_gather``; its copy-out is the gathered weights the step counts), the
-    reduce-scatter's copy-in of the unsharded gradients and the division of the reduced
-    shard (``foreach_reduce``), each read and written; on one rank the collectives are
-    local copies of the whole too. ``scattered``, ``shard``: the reduce-scatter's input and
-    output bytes (0: not sharded) [choice: the shard in its float32 size for the all-gather's
-    copy-in]."""
+    """Bytes FSDP2's own copies move in a step beside the collectives, each read and written
+    (torch's ``_fully_shard``): the all-gather's copy-in of the local shard
+    (``foreach_all_gather``; on one rank the copy of the shard into the unsharded
+    parameters, ``FSDPParamGroup.unshard``) and, on several, its copy-out into each
+    parameter (``foreach_all_gather_copy_out``); the reduce-scatter's copy-in of the unsharded
+    gradients (``foreach_reduce``) and, on several, the division of the reduced shard by the
+    ranks, on one rank the copy that stands for the collective. Its buffers are allocated
+    afresh each step: priced as the other operations' bytes (on a CPU, first-touch writes at
+    a fraction of a large copy's bandwidth). ``scattered``, ``shard``: the reduce-scatter's
+    input and output bytes (0: not sharded) [choice: the shard and the gathered weights in
+    their float32 size for the all-gather's copies]."""
     if not scattered:
         return 0
-    local = 4 * scattered if world_size == 1 else 0  # the all-gather, the reduce-scatter
-    return 2 * shard + 2 * scattered + 2 * shard + local
+    gather = 2 * shard + (2 * scattered if world_size > 1 else 0)  # copy-in, copy-out
+    reduce = 2 * scattered + (2 * shard if world_size > 1 else 2 * scattered)
+    return gather + reduce
 
 
 @dataclass
@@ -651,7 +652,7 @@ def count_step(
                 if buffer.numel():
                     counter.track(buffer)
             del buffers
-        counter.ops.copied[OTHER] += fsdp2_copies(*reduce_scatter, world_size)
+        counter.ops.moved[OTHER] += fsdp2_copies(*reduce_scatter, world_size)
         peak = counter.peak
     module.student_step.trunk_frozen = module.estimate_statistics = False
     return StepCount(

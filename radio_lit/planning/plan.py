@@ -278,10 +278,10 @@ def _times(
 ) -> dict[str, float]:
     """A rank's step time by phase (ms) from its cost by part (``fit.cost``: FLOPs against a
     per-phase calibration, milliseconds against a :class:`TimeModel`)."""
-    trainable = sum(p.numel() for _, p in module.trainable_parameters())
-    local = trainable / (gpus if strategy == "FSDP2" else 1)
+    trainable = [p for _, p in module.trainable_parameters()]
+    local = sum(p.numel() for p in trainable) / (gpus if strategy == "FSDP2" else 1)
     if isinstance(fit, TimeModel):
-        return fit.times(cost, local, fused=strategy != "FSDP2")
+        return fit.times(cost, local, len(trainable) if strategy == "FSDP2" else 0)
     return fit.times(cost, local, device)
 
 

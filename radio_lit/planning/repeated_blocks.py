@@ -83,7 +83,7 @@ class _Delta:
 
     def replay(self, counter: StepCounter) -> None:
         counter.flops.update(self.flops)
-        for name in ("gemms", "attention", "moved", "calls", "copied"):
+        for name in ("gemms", "attention", "moved", "calls"):
             getattr(counter.ops, name).update(getattr(self.ops, name))
         counter.peak = max(counter.peak, counter.current + self.rise)
 

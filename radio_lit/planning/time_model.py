@@ -10,14 +10,15 @@ A roofline with measured efficiencies, per operation the step counted
   over the three nearest) [choice];
 - an attention kernel ``(sequence, head dim, forward or backward)``: its FLOPs at the FLOP/s
   interpolated likewise in ``(log sequence, log head dim)``;
-- every other operation: the bytes it reads and writes at the measured memory bandwidth;
-  FSDP2's own copies of its buffers (:func:`~radio_lit.planning.counting.fsdp2_copies`) at
-  a large copy's (``copy_gb_per_s``);
+- every other operation: the bytes it reads and writes at the measured memory bandwidth
+  (FSDP2's own copies of its buffers among them: :func:`~radio_lit.planning.counting.fsdp2_copies`);
 - every operation dispatched: the host's measured cost of one (Python, dispatch, a kernel
   launch), fitted on a real training step (``op_us``);
 - the optimizer: 28 bytes per local float32 parameter
-  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`), at the copy's
-  bandwidth for a fused optimizer, else (FSDP2's ``foreach``) at the other operations';
+  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`) at the copy's
+  bandwidth;
+- FSDP2's host work per sharded parameter tensor and step (its hooks, copies, ``DTensor``
+  gradients and the optimizer's ``DTensor`` dispatch), where the file measured it;
 - the collectives, where the file measured them (gloo on a CPU): each at its measured
   bandwidth and latency (:func:`~radio_lit.planning.communication.communication`).
 
@@ -81,6 +82,9 @@ class TimeModel:
         collectives: ``{op: [GB/s of the bytes a rank sends, latency ms]}`` where measured
             (gloo on a CPU); empty: the device's link bandwidths.
         copy_gb_per_s: a large copy's bandwidth (a fused optimizer's; 0: not measured).
+        fsdp2_us_per_tensor: FSDP2's host microseconds per sharded parameter tensor and step
+            beyond its collectives (gloo on a CPU; 0: not measured, as on CUDA, where the
+            host's work overlaps the GPU's).
     """
 
     device: str
@@ -92,6 +96,7 @@ class TimeModel:
     extrapolated: set[str] = field(default_factory=set, compare=False)
     collectives: dict[str, list[float]] = field(default_factory=dict)
     copy_gb_per_s: float = 0.0
+    fsdp2_us_per_tensor: float = 0.0
 
     def _rows(self, table: Mapping[str, list[list[float]]], dtype: str, what: str) -> list:
         if dtype in table:
@@ -114,8 +119,6 @@ class TimeModel:
             seconds[part] += flops / (rate * 1e12)
         for part, moved in ops.moved.items():
             seconds[part] += moved / (self.memory_gb_per_s * 1e9)
-        for part, copied in ops.copied.items():
-            seconds[part] += copied / ((self.copy_gb_per_s or self.memory_gb_per_s) * 1e9)
         for part, calls in ops.calls.items():
             seconds[part] += calls * self.op_us * 1e-6
         return {part: s * 1e3 for part, s in seconds.items()}
@@ -125,21 +128,22 @@ class TimeModel:
         return self.price(count.ops)
 
     def times(
-        self, cost: Mapping[str, float], parameters: float, fused: bool = True
+        self, cost: Mapping[str, float], parameters: float, sharded_tensors: int = 0
     ) -> dict[str, float]:
-        """A rank's step by phase (ms) from :meth:`cost` and its local trainable parameters;
-        ``fused``: the optimizer's fused kernel (one pass over its tensors, at the copy's
-        bandwidth), else its ``foreach`` operations (FSDP2's ``DTensor`` shards:
-        :func:`radio_lit.training.optim`'s choice) at the other operations' bandwidth."""
+        """A rank's step by phase (ms) from :meth:`cost`, its local trainable parameters and
+        the parameter tensors FSDP2 shards (0: not FSDP2). The optimizer: its bytes at a large
+        copy's bandwidth (a fused step, or a ``foreach`` one over FSDP2's ``DTensor`` shards:
+        :func:`radio_lit.training.optim`'s choice, whose dispatch per tensor is in FSDP2's
+        host cost); FSDP2's host cost per tensor in ``rest``."""
         teachers = sum(v for p, v in cost.items() if p.startswith(("teacher ", "upsampler ")))
-        rest = sum(v for p, v in cost.items() if p == OTHER)
-        bandwidth = self.copy_gb_per_s if fused and self.copy_gb_per_s else self.memory_gb_per_s
+        other = sum(v for p, v in cost.items() if p == OTHER)
+        bandwidth = self.copy_gb_per_s or self.memory_gb_per_s
         optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (bandwidth * 1e9)
         return {
             "teachers": teachers,
-            "student": sum(cost.values()) - teachers - rest,
+            "student": sum(cost.values()) - teachers - other,
             "optimizer": optimizer * 1e3,
-            "rest": rest,
+            "rest": other + sharded_tensors * self.fsdp2_us_per_tensor * 1e-3,
         }
 
     @property
@@ -173,6 +177,7 @@ def load_time_model(path: str | Path) -> TimeModel:
         op_us=float(row["op_us"]),
         source=source,
         copy_gb_per_s=float(row.get("copy_gb_per_s", 0.0)),
+        fsdp2_us_per_tensor=float(row.get("fsdp2_us_per_tensor", 0.0)),
         collectives={
             str(k): [float(v) for v in r] for k, r in (row.get("collectives") or {}).items()
         },

@@ -150,9 +150,7 @@ def assumptions(
     )
     device = getattr(calibration, "device", "") or "?"
     on = "the planned GPU" if device == gpu_key.lower() else f"extrapolated to {gpu_key}"
-    out.append(
-        assumption("calibration", calibration.source, f"measured on {device}, {on}")
-    )
+    out.append(assumption("calibration", calibration.source, f"measured on {device}, {on}"))
     return out
 
 

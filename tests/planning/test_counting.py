@@ -78,9 +78,9 @@ def test_bytes_moved_are_the_memory_a_tensor_spans():
         torch.empty(1024)  # an allocation reads and writes nothing
         row.expand(64, 256) * 2.0  # reads one row, writes 64
     assert counter.ops.moved["other"] == (256 + 64 * 256) * 4
-    # FSDP2's own copies (torch's _fsdp_collectives): the all-gather's copy-in, the
-    # reduce-scatter's copy-in and the shard's division, read and written; on one rank the
-    # collectives themselves copy the whole
-    assert fsdp2_copies(800, 400, 2) == 2 * 400 + 2 * 800 + 2 * 400
-    assert fsdp2_copies(800, 800, 1) == 2 * 800 + 2 * 800 + 2 * 800 + 4 * 800
+    # FSDP2's own copies (torch's _fully_shard), read and written; two ranks: the shard's
+    # copy-in, the gathered copy-out, the gradients' copy-in, the division
+    assert fsdp2_copies(800, 400, 2) == 2 * 400 + 2 * 800 + 2 * 800 + 2 * 400
+    # one rank: the shard copied into the parameters, the gradients' copy-in and their copy out
+    assert fsdp2_copies(800, 800, 1) == 2 * 800 + 2 * 800 + 2 * 800
     assert fsdp2_copies(0, 0, 4) == 0

@@ -86,6 +86,9 @@ def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(calibration):
     assert all(rate > 0 and latency >= 0 for rate, latency in written["collectives"].values())
     model = load_time_model(calibration)
     assert model.collectives == written["collectives"]
+    # FSDP2's host work per sharded tensor beyond its collectives, between the two gloo ranks
+    assert written["fsdp2_us_per_tensor"] > 0
+    assert model.fsdp2_us_per_tensor == written["fsdp2_us_per_tensor"]
     assert model.copy_gb_per_s == written["copy_gb_per_s"]
     # a product the calibration measured, priced at what it measured
     a, b = torch.randn(256, 256), torch.randn(256, 256)
