@@ -16,7 +16,8 @@ is a one-teacher distillation of its own, ``radio_lit/planning/calibrate.py``).
 - memory: the tensors made before the fit still alive in its step 1 (teachers, buffers;
   FSDP2 replaces the student's and heads' by their shards) plus the most bytes the CPU
   allocator's events in ``torch.profiler`` held during the fit (gloo's copies freed on its
-  own thread included: ``test_cpu_step._profiled_peak``), against the rank's planned total;
+  own thread included, kernels' workspaces left out: ``test_cpu_step._profiled_peak``),
+  against the rank's planned total;
 - time: each rank's process CPU time per step (the median of the steps after the first two;
   its communication threads included, waiting for the other rank not), against the rank's
   planned step plus the planned communication. Calibration and fits at one thread

@@ -28,6 +28,23 @@ from benchmarks.train_step import device_overrides
 from radio_lit.planning.counting import count_step, fake_module
 
 
+def _workspaces(tree) -> list:
+    """The allocation and free events of every block an operation of ``tree`` made and freed
+    itself, not through an operation it dispatched (:func:`_profiled_peak`'s workspaces)."""
+    out, nodes = [], list(tree)
+    for node in nodes:
+        nodes += node.children
+        blocks = [c for c in node.children if hasattr(c.extra_fields, "total_allocated")]
+        made = {}
+        for block in sorted(blocks, key=lambda b: b.start_time_ns):
+            size, address = block.extra_fields.alloc_size, block.extra_fields.ptr
+            if size > 0:
+                made[address] = block
+            elif address in made:
+                out += [made.pop(address), block]
+    return out
+
+
 def _profiled_peak(prof: profile, since: str | None = None) -> int:
     """The most bytes the CPU allocator held beyond what it held when profiling began: its
     allocation and free events, replayed in time order; with ``since``, the most from the
@@ -41,7 +58,13 @@ def _profiled_peak(prof: profile, since: str | None = None) -> int:
     two DDP ranks the 11 MB broadcast buffer in one of five). A block allocated inside a
     ``c10d::`` collective or by ``aten::flatten_dense_tensors`` whose free is never seen is
     taken as freed when that operation returned, and a block whose address is handed out
-    again as freed before."""
+    again as freed before.
+
+    A kernel's **workspace** is left out: a block an operation allocates and frees itself,
+    not through an operation it dispatches, below the dispatcher, where the plan's count of
+    dispatched operations cannot see it (oneDNN's scratchpad: torch 2.11's bfloat16
+    convolution of a 224 px patch embedding takes 99 MiB of it on a CPU with AMX, torch
+    2.14's none; "What is not modelled" in docs/cost.md)."""
 
     def staging(node) -> bool:
         return node.name.startswith("c10d::") or node.name == "aten::flatten_dense_tensors"
@@ -55,6 +78,8 @@ def _profiled_peak(prof: profile, since: str | None = None) -> int:
 
     tree = prof.profiler.kineto_results.experimental_event_tree()
     events = sorted(memory(tree, None), key=lambda e: e[0].start_time_ns)
+    workspace = {id(node) for node in _workspaces(tree)}
+    events = [(node, collective) for node, collective in events if id(node) not in workspace]
     start = 0
     if since is not None:
         nodes = list(tree)
@@ -100,6 +125,17 @@ def test_the_profiled_peak_frees_a_collectives_copy_that_another_thread_freed():
     totals = [n.extra_fields.total_allocated for n in nodes if n.name == "[memory]"]
     assert max(totals) == 10_000_000
     assert _profiled_peak(prof) == 8_000_000
+
+
+def test_the_profiled_peak_leaves_out_a_kernels_own_workspace():
+    """A convolution's scratchpad (oneDNN's, allocated and freed inside the kernel: 2.9 MB
+    beside this 2 MB output on an AVX-512 CPU) is not in a count of dispatched operations;
+    the measured peak is the output the plan counts."""
+    x, weight = torch.randn(2, 64, 64, 64), torch.randn(64, 64, 7, 7)
+    torch.nn.functional.conv2d(x, weight, padding=3)  # oneDNN's first call: its caches
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = torch.nn.functional.conv2d(x, weight, padding=3)
+    assert out.nbytes <= _profiled_peak(prof) <= 1.05 * out.nbytes
 
 
 @pytest.fixture(scope="module")
