@@ -8,6 +8,8 @@ Measured, each on real tensors of the device (CUDA if visible, else the CPU):
 - **attention** (``F.scaled_dot_product_attention``, forward and backward) over sequence
   lengths and the head dims radio-lit's models use (64, 72, 80, 128): achieved TFLOP/s;
 - **memory bandwidth**: a large copy, bytes read plus written per second (``copy_gb_per_s``);
+- **the optimizer**: a fused AdamW step over a few million parameters, its 28 bytes a
+  parameter per second (``optimizer_gb_per_s``: :func:`_optimizer_rate`);
 - **the other operations' bandwidth and the host's cost per operation**: real Lightning
   training steps of a tiny distillation (one teacher, a CPE ViT student) at three batch
   sizes, timed, their operations counted as ``radio-lit plan`` counts them
@@ -135,6 +137,26 @@ def _bandwidth(device: torch.device, quick: bool, now: Any) -> float:
     return 2 * source.numel() * source.element_size() / took / 1e9
 
 
+#: Float32 parameters of :func:`_optimizer_rate`'s step, in 16 tensors (on a CPU 112 MiB of
+#: its 28 bytes a parameter: beyond the caches, as a model's optimizer state is).
+OPTIMIZER_PARAMETERS = {"cpu": 2**22, "cuda": 2**26}
+
+
+def _optimizer_rate(device: torch.device, now: Any) -> float:
+    """A fused AdamW step's rate in GB/s of the
+    :data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER` it moves per parameter
+    [choice: AdamW ``fused`` stands for every optimizer; it updates in place, which a copy
+    into another buffer does not: on this project's CPU a copy of the same bytes ran at
+    13 GB/s, the step at 23-26]."""
+    values = OPTIMIZER_PARAMETERS[device.type]
+    parameters = [torch.nn.Parameter(torch.randn(values // 16, device=device)) for _ in range(16)]
+    for parameter in parameters:
+        parameter.grad = torch.randn_like(parameter)
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4, fused=True)
+    took = _seconds(optimizer.step, now, 0.1)
+    return values * OPTIMIZER_BYTES_PER_PARAMETER / took / 1e9
+
+
 #: The reference run's batches per step, repeated (the first round a warm-up) [choice: a
 #: 16x range of bytes moved at the same operations, so the two costs separate].
 REFERENCE_BATCHES = (2, 8, 32)
@@ -207,8 +229,8 @@ def _reference_steps(
     ``radio-lit fit`` step: a tiny distillation (:func:`_reference_module`) run by Lightning
     at three batch sizes, timed, and counted as ``radio-lit plan`` counts a step
     (:func:`~radio_lit.planning.counting.count_step` on fake tensors). Each step's time less
-    what the curves price (matrix products, attention; the fused optimizer's bytes at the
-    copy's bandwidth) is ``bytes / bandwidth + operations x op_us``, least squares over the three
+    what the curves price (matrix products, attention; the optimizer's bytes at its measured
+    rate) is ``bytes / bandwidth + operations x op_us``, least squares over the three
     [choice: the loop's hooks, the losses, the normalizers and Python between operations are
     part of the host's cost per operation; a small ViT's bare step leaves them out, and a
     real step on a CPU spends most of its time there]."""
@@ -221,7 +243,7 @@ def _reference_steps(
     fake_module(module, mode)
     parameters = sum(p.numel() for _, p in module.trainable_parameters())
     bare = TimeModel(curves.device, curves.gemm, curves.attention, math.inf, 0.0, "fitting")
-    optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (curves.copy_gb_per_s * 1e9)
+    optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (curves.optimizer_gb_per_s * 1e9)
     rows = []
     for batch, seconds in measured.items():
         with warnings.catch_warnings():  # its self.log outside a Trainer: nothing to log
@@ -286,24 +308,29 @@ COLLECTIVE_TIMEOUT_S = 300
 def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) -> None:
     """One of the two gloo ranks of :func:`_collectives`: each collective at each size, the
     median of :data:`COLLECTIVE_RUNS` runs (process CPU time, the communication threads
-    included); rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
+    included), the runs of every collective and size interleaved [choice: a disturbance of
+    the shared machine lasting a second lands in a few runs of each, not in all runs of one:
+    one calibration of nine back to back read the all-gather's bandwidth 0.15 GB/s against
+    0.62-1.09 in the others]; rank 0 puts ``{op: [[bytes sent, seconds], ...]}`` on ``out``."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     # torch >= 2.14 renames them all_gather_single, reduce_scatter_single (FSDP2 calls these)
     warnings.filterwarnings("ignore", ".*_tensor` is deprecated", FutureWarning)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    rows: dict[str, list[list[float]]] = {}
+    runs = []  # (op, bytes sent per rank, run)
     for n in sizes:
         even = 2 * math.ceil(n / 2)  # a reduce-scatter's input splits in two
         x, gathered, half = torch.randn(even), torch.empty(2 * even), torch.empty(even // 2)
-        runs = {  # bytes sent per rank on a ring of 2: (N - 1) / N of the data, x2 all-reduce
-            "all-reduce": (functools.partial(dist.all_reduce, x[:n]), 4 * n),
-            "all-gather": (functools.partial(dist.all_gather_into_tensor, gathered, x), 4 * even),
-            "reduce-scatter": (functools.partial(dist.reduce_scatter_tensor, half, x), 2 * even),
-        }
-        for op, (run, sent) in runs.items():
-            rows.setdefault(op, []).append([sent, _median_seconds(run, dist.barrier)])
+        runs += [  # bytes sent per rank on a ring of 2: (N - 1) / N of the data, x2 all-reduce
+            ("all-reduce", 4 * n, functools.partial(dist.all_reduce, x[:n])),
+            ("all-gather", 4 * even, functools.partial(dist.all_gather_into_tensor, gathered, x)),
+            ("reduce-scatter", 2 * even, functools.partial(dist.reduce_scatter_tensor, half, x)),
+        ]
+    seconds = _interleaved_medians([run for _, _, run in runs], dist.barrier)
+    rows: dict[str, list[list[float]]] = {}
+    for (op, sent, _), took in zip(runs, seconds, strict=True):
+        rows.setdefault(op, []).append([sent, took])
     fsdp2 = _fsdp2_host_seconds(dist.barrier)
     dist.barrier()
     dist.destroy_process_group()
@@ -311,17 +338,19 @@ def _collective_rank(rank: int, store: str, sizes: tuple[int, ...], out: Any) ->
         out.put({"collectives": rows, "fsdp2": fsdp2})
 
 
-def _median_seconds(
-    run: Callable[[], Any], barrier: Callable[[], Any], runs: int = COLLECTIVE_RUNS
-) -> float:
-    """The median process CPU time of ``runs`` runs of ``run``, each after ``barrier``."""
-    times = []
-    for _ in range(runs):
-        barrier()
-        start = time.process_time()
-        run()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
+def _interleaved_medians(
+    runs: list[Callable[[], Any]], barrier: Callable[[], Any], rounds: int = COLLECTIVE_RUNS
+) -> list[float]:
+    """Each of ``runs``' median process CPU time over ``rounds`` rounds, a round running
+    each once in turn, each run after ``barrier``."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for run, took in zip(runs, times, strict=True):
+            barrier()
+            start = time.process_time()
+            run()
+            took.append(time.process_time() - start)
+    return [statistics.median(took) for took in times]
 
 
 #: Linear layers of :func:`_fsdp2_host_seconds`' module (two tensors each), their width, and
@@ -338,7 +367,7 @@ def _fsdp2_host_seconds(barrier: Callable[[], Any]) -> list[float]:
     median of :data:`FSDP2_RUNS` steps after three. The tensors are small: the difference
     is FSDP2's work per tensor (its hooks, copy-in and copy-out, the gradients made
     ``DTensor``, the optimizer's ``DTensor`` dispatch) and one all-gather's and one
-    reduce-scatter's latency."""
+    reduce-scatter's latency. The two modules' steps interleaved, as the collectives'."""
     import copy
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -349,7 +378,7 @@ def _fsdp2_host_seconds(barrier: Callable[[], Any]) -> list[float]:
     plain = torch.nn.Sequential(*layers)
     sharded = fully_shard(copy.deepcopy(plain), mesh=init_device_mesh("cpu", (2,)))
     x = torch.randn(8, FSDP2_WIDTH)
-    seconds = []
+    steps = []
     for module, kind in ((sharded, "foreach"), (plain, "fused")):
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, **{kind: True})
 
@@ -360,8 +389,8 @@ def _fsdp2_host_seconds(barrier: Callable[[], Any]) -> list[float]:
 
         for _ in range(3):
             step()
-        seconds.append(_median_seconds(step, barrier, FSDP2_RUNS))
-    return [2 * FSDP2_LAYERS, *seconds]
+        steps.append(step)
+    return [2 * FSDP2_LAYERS, *_interleaved_medians(steps, barrier, FSDP2_RUNS)]
 
 
 def _collectives() -> tuple[dict[str, list[float]], float]:
@@ -439,8 +468,16 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
         bandwidth = _bandwidth(where, quick, now)
     attention = {str(d).removeprefix("torch."): _attention(where, d, quick, now) for d in dtypes}
     name = _device_name(where)
+    optimizer = _optimizer_rate(where, now)
     curves = TimeModel(
-        name, gemm, attention, bandwidth, 0.0, "being measured", copy_gb_per_s=bandwidth
+        name,
+        gemm,
+        attention,
+        bandwidth,
+        0.0,
+        "being measured",
+        copy_gb_per_s=bandwidth,
+        optimizer_gb_per_s=optimizer,
     )
     reference = _reference_steps(where, curves, now, quick)
     visible = torch.cuda.device_count() if where.type == "cuda" else 1
@@ -468,6 +505,7 @@ def calibrate(device: str | None = None, quick: bool = False) -> dict[str, Any]:
         "gemm": gemm,
         "attention": attention,
         "copy_gb_per_s": round(bandwidth, 3),
+        "optimizer_gb_per_s": round(optimizer, 3),
         "memory_gb_per_s": reference["ops_gb_per_s"],
         "op_us": reference["op_us"],
         "reference_steps": reference["steps"],

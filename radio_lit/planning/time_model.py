@@ -15,8 +15,8 @@ A roofline with measured efficiencies, per operation the step counted
 - every operation dispatched: the host's measured cost of one (Python, dispatch, a kernel
   launch), fitted on a real training step (``op_us``);
 - the optimizer: 28 bytes per local float32 parameter
-  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`) at the copy's
-  bandwidth;
+  (:data:`~radio_lit.planning.devices.OPTIMIZER_BYTES_PER_PARAMETER`) at a measured
+  optimizer step's rate (a file without one: the copy's bandwidth);
 - FSDP2's host work per sharded parameter tensor and step (its hooks, copies, ``DTensor``
   gradients and the optimizer's ``DTensor`` dispatch), where the file measured it;
 - the collectives, where the file measured them (gloo on a CPU): each at its measured
@@ -81,7 +81,9 @@ class TimeModel:
         source: what was measured, when, with which versions and commit.
         collectives: ``{op: [GB/s of the bytes a rank sends, latency ms]}`` where measured
             (gloo on a CPU); empty: the device's link bandwidths.
-        copy_gb_per_s: a large copy's bandwidth (a fused optimizer's; 0: not measured).
+        copy_gb_per_s: a large copy's bandwidth (0: not measured).
+        optimizer_gb_per_s: a fused AdamW step's rate in its 28 bytes a parameter (0: not
+            measured; the copy's bandwidth stands for it).
         fsdp2_us_per_tensor: FSDP2's host microseconds per sharded parameter tensor and step
             beyond its collectives (gloo on a CPU; 0: not measured, as on CUDA, where the
             host's work overlaps the GPU's).
@@ -96,6 +98,7 @@ class TimeModel:
     extrapolated: set[str] = field(default_factory=set, compare=False)
     collectives: dict[str, list[float]] = field(default_factory=dict)
     copy_gb_per_s: float = 0.0
+    optimizer_gb_per_s: float = 0.0
     fsdp2_us_per_tensor: float = 0.0
 
     def _rows(self, table: Mapping[str, list[list[float]]], dtype: str, what: str) -> list:
@@ -131,13 +134,13 @@ class TimeModel:
         self, cost: Mapping[str, float], parameters: float, sharded_tensors: int = 0
     ) -> dict[str, float]:
         """A rank's step by phase (ms) from :meth:`cost`, its local trainable parameters and
-        the parameter tensors FSDP2 shards (0: not FSDP2). The optimizer: its bytes at a large
-        copy's bandwidth (a fused step, or a ``foreach`` one over FSDP2's ``DTensor`` shards:
-        :func:`radio_lit.training.optim`'s choice, whose dispatch per tensor is in FSDP2's
-        host cost); FSDP2's host cost per tensor in ``rest``."""
+        the parameter tensors FSDP2 shards (0: not FSDP2). The optimizer: its bytes at the
+        measured optimizer's rate (a fused step, or a ``foreach`` one over FSDP2's ``DTensor``
+        shards: :func:`radio_lit.training.optim`'s choice, whose dispatch per tensor is in
+        FSDP2's host cost); FSDP2's host cost per tensor in ``rest``."""
         teachers = sum(v for p, v in cost.items() if p.startswith(("teacher ", "upsampler ")))
         other = sum(v for p, v in cost.items() if p == OTHER)
-        bandwidth = self.copy_gb_per_s or self.memory_gb_per_s
+        bandwidth = self.optimizer_gb_per_s or self.copy_gb_per_s or self.memory_gb_per_s
         optimizer = parameters * OPTIMIZER_BYTES_PER_PARAMETER / (bandwidth * 1e9)
         return {
             "teachers": teachers,
@@ -177,6 +180,7 @@ def load_time_model(path: str | Path) -> TimeModel:
         op_us=float(row["op_us"]),
         source=source,
         copy_gb_per_s=float(row.get("copy_gb_per_s", 0.0)),
+        optimizer_gb_per_s=float(row.get("optimizer_gb_per_s", 0.0)),
         fsdp2_us_per_tensor=float(row.get("fsdp2_us_per_tensor", 0.0)),
         collectives={
             str(k): [float(v) for v in r] for k, r in (row.get("collectives") or {}).items()

@@ -91,6 +91,7 @@ def test_a_quick_calibration_of_this_cpu_is_read_by_the_plan(calibration):
     assert written["fsdp2_us_per_tensor"] > 0
     assert model.fsdp2_us_per_tensor == written["fsdp2_us_per_tensor"]
     assert model.copy_gb_per_s == written["copy_gb_per_s"]
+    assert model.optimizer_gb_per_s == written["optimizer_gb_per_s"] > 0
     # a product the calibration measured, priced at what it measured
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     counter = StepCounter()

@@ -116,13 +116,15 @@ def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_pa
     assert isinstance(model, TimeModel) and model.basis.startswith("measured on a CPU")
 
 
-def test_the_optimizer_streams_at_the_copy_bandwidth_and_fsdp2_costs_per_tensor():
-    model = _model(copy_gb_per_s=50.0, fsdp2_us_per_tensor=150.0)
+def test_the_optimizer_runs_at_its_measured_rate_and_fsdp2_costs_per_tensor():
+    model = _model(copy_gb_per_s=20.0, optimizer_gb_per_s=50.0, fsdp2_us_per_tensor=150.0)
     plain = model.times({"other": 4.0}, 1_000_000)
     sharded = model.times({"other": 4.0}, 500_000, sharded_tensors=40)
     assert plain["optimizer"] == pytest.approx(28e6 / 50e9 * 1e3)  # AdamW: 28 bytes a parameter
     assert sharded["optimizer"] == pytest.approx(plain["optimizer"] / 2)  # the local shard's
     assert plain["rest"] == 4.0 and sharded["rest"] == pytest.approx(4.0 + 40 * 0.150)
     assert sharded["student"] == plain["student"] == 0.0  # the host's work is not the student's
+    older = _model(copy_gb_per_s=20.0).times({}, 1_000_000)["optimizer"]
+    assert older == pytest.approx(28e6 / 20e9 * 1e3)  # a file without the optimizer's: the copy's
     no_copy = _model().times({}, 1_000_000)["optimizer"]
-    assert no_copy == pytest.approx(28e6 / 100e9 * 1e3)  # no copy measured: memory_gb_per_s
+    assert no_copy == pytest.approx(28e6 / 100e9 * 1e3)  # nor a copy: memory_gb_per_s
