@@ -128,3 +128,22 @@ def test_the_optimizer_runs_at_its_measured_rate_and_fsdp2_costs_per_tensor():
     assert older == pytest.approx(28e6 / 20e9 * 1e3)  # a file without the optimizer's: the copy's
     no_copy = _model().times({}, 1_000_000)["optimizer"]
     assert no_copy == pytest.approx(28e6 / 100e9 * 1e3)  # nor a copy: memory_gb_per_s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_quick_calibration_of_the_gpu_is_written_and_read(tmp_path):
+    """``radio-lit plan --calibrate --quick`` on CUDA (its CPU proxy: ``test_cpu_fit.py``):
+    bfloat16 and float16 curves, the optimizer's rate, the collectives said unmeasured, the
+    file read back by the plan's time model."""
+    from radio_lit.planning.calibrate import write_calibration
+
+    path = tmp_path / "gpu.yaml"
+    written = write_calibration(path, "cuda", quick=True)
+    assert set(written["gemm"]) == set(written["attention"]) == {"bfloat16", "float16"}
+    assert written["measured"]["timer"] == "wall time, synchronised"
+    assert written["optimizer_gb_per_s"] > 0 and written["copy_gb_per_s"] > 0
+    assert written["collectives"] == {} and written["fsdp2_us_per_tensor"] == 0.0
+    model = load_time_model(path)
+    assert model.optimizer_gb_per_s == written["optimizer_gb_per_s"]
+    assert nearest(model.gemm["bfloat16"], [1024, 1024, 1024]) > 0
