@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from radio_lit.planning.time_model import TimeModel
+
 __all__ = [
     "TIME_CHECKS",
     "UNEXPLAINED_PEAK_SHARE",
@@ -149,17 +151,41 @@ def assumptions(
         )
     )
     device = getattr(calibration, "device", "") or "?"
-    on = "the planned GPU" if device == gpu_key.lower() else f"extrapolated to {gpu_key}"
-    out.append(assumption("calibration", calibration.source, f"measured on {device}, {on}"))
+    out.append(
+        assumption(
+            "calibration", calibration.source, f"measured on {device}, {_on(calibration, gpu_key)}"
+        )
+    )
     return out
+
+
+def _measured_on(calibration: Any, gpu_key: str) -> bool:
+    """Whether ``calibration`` was measured on the planned GPU (its device named by the GPU's
+    key in ``devices.yaml``: ``h100`` in ``NVIDIA H100 80GB HBM3``)."""
+    return gpu_key.lower() in (getattr(calibration, "device", "") or "").lower()
+
+
+def _on(calibration: Any, gpu_key: str) -> str:
+    """How a calibration's figures reach the planned GPU: measured there, extrapolated by the
+    GPUs' peaks (a per-phase calibration), or priced at another device's measured rates as
+    they are (a :class:`~radio_lit.planning.time_model.TimeModel`: it is not scaled)."""
+    if _measured_on(calibration, gpu_key):
+        return "the planned GPU"
+    if isinstance(calibration, TimeModel):
+        return f"not the planned {gpu_key}: its measured rates priced as they are, not scaled"
+    return f"extrapolated to {gpu_key}"
 
 
 def basis(device_name: str, calibration: Any, gpu_key: str) -> dict[str, str]:
     """Each figure of a plan and what it rests on."""
     device = getattr(calibration, "device", "") or "?"
-    where = calibration.basis + (
-        "" if device == gpu_key.lower() else f"; extrapolated to {device_name} by its peaks"
-    )
+    where = calibration.basis
+    if not _measured_on(calibration, gpu_key):
+        where += (
+            f"; not scaled to {device_name} (a step of the calibrated device)"
+            if isinstance(calibration, TimeModel)
+            else f"; extrapolated to {device_name} by its peaks"
+        )
     checks = ", ".join(f"{r:.2f}x" for r in TIME_CHECKS.values())
     low, high = UNEXPLAINED_PEAK_SHARE
     return {

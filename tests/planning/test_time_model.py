@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from radio_lit.core.errors import ConfigError
 from radio_lit.planning.counting import StepCounter
 from radio_lit.planning.time_model import TimeModel, load_time_model, nearest
+from radio_lit.planning.verdict import basis
 
 
 def _model(**changes) -> TimeModel:
@@ -128,6 +129,18 @@ def test_the_optimizer_runs_at_its_measured_rate_and_fsdp2_costs_per_tensor():
     assert older == pytest.approx(28e6 / 20e9 * 1e3)  # a file without the optimizer's: the copy's
     no_copy = _model().times({}, 1_000_000)["optimizer"]
     assert no_copy == pytest.approx(28e6 / 100e9 * 1e3)  # nor a copy: memory_gb_per_s
+
+
+def test_a_measured_calibration_says_whether_it_is_the_planned_gpus_and_is_never_scaled():
+    """A calibration file prices at its device's measured rates as they are: of the planned
+    GPU when that GPU measured it (``torch.cuda.get_device_name``'s name holds the GPU's key),
+    else said so, not called an extrapolation (a per-phase calibration's is:
+    ``test_loop_step.py``)."""
+    name = "NVIDIA H100 80GB HBM3 (SXM5)"
+    on_h100 = basis(name, _model(device="NVIDIA H100 80GB HBM3"), "h100")["step time"]
+    assert on_h100.startswith("measured on NVIDIA H100 80GB HBM3 (hand-made); range from")
+    on_cpu = basis(name, _model(device="x86_64"), "h100")["step time"]
+    assert f"not scaled to {name}" in on_cpu and "extrapolated" not in on_cpu
 
 
 @pytest.mark.gpu
