@@ -1,5 +1,5 @@
 """What adapting a RADIO keeps: its drift from the starting model, with and without the starting
-model as a teacher of its own continuation (issue 43, item 5).
+model as a teacher of its own continuation.
 
 The starting model is the quickstart's student, trained (``--start-steps``) and exported in
 NVlabs' layout (``radio-lit export --format radio``), as the CPU twins of

@@ -448,7 +448,7 @@ class Cell:
         return self.factor * self.grid * PATCH
 
 
-#: the sweep (issue 51, item 2): one setting varied at a time around the base cell (kind
+#: the robustness sweep: one setting varied at a time around the base cell (kind
 #: ``shapes``, seed 0, 4x4 grid, factor 3, the config's pre-pass), the base on 2 seeds at 3,000
 #: steps and at the short schedule that the others use [choice: 300 steps, checked against
 #: 3,000 on the base cell; what a shared 2-core machine runs in an hour], then every kind and
@@ -657,7 +657,7 @@ def line(record: dict[str, object]) -> str:
 
 
 def wins(record: dict[str, object]) -> bool:
-    """FeatSharp below bilinear and the tiles, and > 50 % of a pattern removed (issue 51)."""
+    """FeatSharp below bilinear and the tiles, and > 50 % of a pattern removed."""
     below = record["featsharp"] < min(record["bilinear"], record["tiles"])
     return bool(below and (not patterned(record) or record["removed"] > 50))
 

@@ -54,7 +54,7 @@ step gpu_tests 120 "$py" -m pytest -m gpu -q -rA -p no:cacheprovider $(grep -rl 
 step train_step 150 "$py" benchmarks/train_step.py --config configs/stage1.yaml --device cuda --teacher-depth 8
 # what CUDA holds at AM-RADIO stage 2's peak, by allocation site: the plan is 13 % under there
 step memory_at_peak 150 "$py" benchmarks/memory_at_peak.py --config recipes/am-radio/stage2.yaml --device cuda
-# issue 52: packed vs per-resolution vs padded at C-RADIOv4's ViT-H/16 (head dim 80), and the
+# every rank busy: packed vs per-resolution vs padded at C-RADIOv4's ViT-H/16 (head dim 80), and the
 # kernel crossover by sequence length at head dims 80 and 72 (SO400M): model.student_packing.measured
 step packing 150 "$py" benchmarks/packing.py --device cuda --dtype bfloat16 --model vit_huge_patch16_224 \
   --depth 8 --low 16 --high 2 --low-res 256 --high-res 768 --head-dims 80 72 --heads 16 \

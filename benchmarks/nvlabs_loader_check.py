@@ -1,4 +1,4 @@
-"""NVIDIA's own loader on the conformance fixtures and on radio-lit's export of each (issue 49).
+"""NVIDIA's own loader on the conformance fixtures and on radio-lit's export of each.
 
 For every family of ``tests/export/nvlabs_files.py`` (``.pth.tar`` form): NVlabs'
 ``hubconf.radio_model`` (a local clone, ``torch.hub.load(..., source="local")``; it needs

@@ -1,4 +1,4 @@
-"""Packed variable-resolution forwards against one forward per resolution and padding (issue 52).
+"""Packed variable-resolution forwards against one forward per resolution and padding.
 
 Part 1, the stage-1 layout of ``configs/recipes/c-radio/stage1.yaml`` shrunk (each rank of 2:
 ``--low`` images at a low-res draw and ``--high`` at a high-res draw; the recipe's are 16 at

@@ -1,4 +1,4 @@
-"""The imported heads' optimizer moments across refits (issue 49, item 5): what a refit does to
+"""The imported heads' optimizer moments across refits: what a refit does to
 the imported heads' loss terms, with and without forgetting the composed layer's moments.
 
 Each refit of the statistics during estimation (``TeacherStatsEstimation``) composes every

@@ -1,5 +1,5 @@
 """Packed variable-resolution forwards: several resolutions' images in one student forward
-(NaViT, Dehghani et al. 2023; issue 52 "Every rank busy").
+(NaViT, Dehghani et al. 2023): every rank busy whatever its resolutions.
 
 Each image's tokens (its summary tokens, registers, then its patches with its own CPE window,
 :meth:`~radio_lit.students.CPEViT.embed`) are concatenated into one sequence ``[1, N, D]``,

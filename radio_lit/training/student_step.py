@@ -99,7 +99,7 @@ class StudentStep:
         shifts: shift-equivariant views (report 2.3.1); ``None``: unshifted.
         damp: weight noise in training forwards (report 2.4); ``None``: off.
         mesa: the EMA student's MESA term (report 2.3.2); ``None``: no EMA.
-        packing: a step's chunks in one packed student forward (issue 52;
+        packing: a step's chunks in one packed student forward (docs/c-radio.md;
             :class:`~radio_lit.students.packing.StudentPacking`); ``None``: one per chunk.
     """
 

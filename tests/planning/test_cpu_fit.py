@@ -1,6 +1,6 @@
 """``radio-lit plan`` against real Lightning fits on this CPU, on one process and on two (gloo):
-step time per rank within 25 % and memory per rank within 15 % on both (issue 50's "done
-when"). Time is asserted only with ``RADIO_LIT_TIMING=1``, on a quiet machine
+step time per rank within 25 % and memory per rank within 15 % on both (what
+docs/cost.md reports). Time is asserted only with ``RADIO_LIT_TIMING=1``, on a quiet machine
 (:data:`TIMED`); the suite asserts the memory.
 
 Two recipes at CPU sizes (``benchmarks/gpu_check.py``'s ``--device cpu`` build: tiny

@@ -1,4 +1,4 @@
-"""The EMA update under FSDP2 with a bf16 MixedPrecisionPolicy (issue 30 item 3), at world size
+"""The EMA update under FSDP2 with a bf16 MixedPrecisionPolicy, at world size
 1 and 2 on CPU/gloo (runs ``fsdp2_ema_worker.py``), and on one CUDA device with Lightning's
 bf16-mixed precision when a GPU is present; the student's output visible to FSDP2."""
 

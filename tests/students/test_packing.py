@@ -1,4 +1,4 @@
-"""Packed variable-resolution forwards (issue 52): one student forward over several
+"""Packed variable-resolution forwards: one student forward over several
 resolutions' images equals one forward per resolution, outputs and gradients (float32, CPU)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""How FeatSharp's bias learns from its objective (issue 51; docs/featsharp.md "Why the
+"""How FeatSharp's bias learns from its objective (docs/featsharp.md "Why the
 zero-started bias did not learn"): the curvature that preconditions its gradient is the
 objective's own, and from a zero start a structured pattern (low-activation borders, an
 interior ramp, one high-norm token) is learned without a tilt of its own.
