@@ -25,10 +25,8 @@ def main() -> None:
         from radio_lit.cli.app import main as run
 
         run()
-    except BuildInterrupted as stop:  # before radio_lit.cli.app.main could take it
-        sys.exit(stop_building(stop.signum))
-    except Exception as error:  # the signal landed while a class was made: wrapped
-        stop = interruption(error)
+    except (BuildInterrupted, Exception) as error:  # before radio_lit.cli.app.main took it
+        stop = interruption(error)  # raised, or wrapped when it landed while a class was made
         if stop is None:
             raise
         sys.exit(stop_building(stop.signum))

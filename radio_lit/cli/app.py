@@ -297,14 +297,12 @@ class RadioLitCLI(LightningCLI):
                     if known is None:
                         raise
                     raise known from error
-        except (RadioLitError, BuildInterrupted) as error:
-            # a run that trained (NoTrainingProgress: exit 2 too) keeps what it wrote
-            user_stop = isinstance(error, (ConfigError, BuildInterrupted))
+        except (BuildInterrupted, Exception) as error:
+            # a bad config or a stop signal (raised, or wrapped by Python:
+            # core.errors.interruption) leaves no run folder; a run that trained keeps what it
+            # wrote (NoTrainingProgress: exit 2 too)
+            user_stop = isinstance(error, ConfigError) or interruption(error) is not None
             if user_stop and self.trainer.is_global_zero:
-                before.restore()
-            raise
-        except Exception as error:  # a stop signal wrapped by Python (core.errors.interruption)
-            if interruption(error) is not None and self.trainer.is_global_zero:
                 before.restore()
             raise
 
@@ -500,10 +498,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(stop.exit_code)
     except RadioLitError as error:
         sys.exit(report(error, error.exit_code))
-    except BuildInterrupted as stop:
-        sys.exit(stop_building(stop.signum))
-    except Exception as error:  # the signal landed while a class was made: wrapped
-        stop = interruption(error)
+    except (BuildInterrupted, Exception) as error:  # a stop signal while the run was built
+        stop = interruption(error)  # raised, or wrapped when it landed while a class was made
         if stop is None:
             raise
         sys.exit(stop_building(stop.signum))
