@@ -258,8 +258,15 @@ def _translate(x: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
     frame = torch.zeros(height + 2 * pad, width + 2 * pad, dtype=torch.bool, device=x.device)
     frame[pad : pad + height, pad : pad + width] = True
     starts = list(zip((pad + shift[:, 0]).tolist(), (pad + shift[:, 1]).tolist(), strict=True))
-    out = torch.stack([padded[b, r : r + height, c : c + width] for b, (r, c) in enumerate(starts)])
-    valid = torch.stack([frame[r : r + height, c : c + width] for r, c in starts])
+    # One ``unbind`` node, whose backward stacks the images' gradients once: indexing the
+    # batch per image (``padded[b]``) gives each image's gradient the whole batch's size, a
+    # backward quadratic in ``n``.
+    images = padded.unbind(0)
+    out = torch.stack(
+        [image[r : r + height, c : c + width] for image, (r, c) in zip(images, starts, strict=True)]
+    )
+    windows = {(r, c): frame[r : r + height, c : c + width] for r, c in set(starts)}
+    valid = torch.stack([windows[start] for start in starts])
     return out, valid
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from radio_lit.geometry.grid import resample
 from radio_lit.geometry.shifts import (
@@ -125,6 +127,48 @@ def test_a_shifted_student_predicts_what_the_unshifted_one_does_on_the_overlap()
     valid = resample_mask(seen, (4, 4))
     assert valid.any() and not valid[:2].all() and valid[2].all()
     assert torch.equal(resample(moved, (4, 4))[valid], unshifted[valid])
+
+
+class _Allocated(TorchDispatchMode):
+    """Elements of the tensors the operations run under it allocate (views left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        given = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        self.elements += sum(
+            t.numel()
+            for t in tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given
+        )
+        return out
+
+
+@pytest.mark.parametrize("count", [8, 64])
+def test_moving_a_student_map_back_costs_its_backward_the_maps_size_not_the_batchs_square(
+    count,
+):
+    """The student's map is moved back with gradients (grid matching, the EMA loss): the
+    backward's tensors stay a few maps' size, however many images a rank holds (a gradient
+    per image as large as the batch made C-RADIOv4's 256-image ranks quadratic)."""
+    features = torch.randn(count, 9, 9, 4, requires_grad=True)
+    shift = torch.randint(-1, 2, (count, 2), generator=torch.Generator().manual_seed(0))
+    moved, seen = to_crop_frame(features, shift)
+    with _Allocated() as allocated:
+        moved.sum().backward()
+    assert allocated.elements < 8 * features.numel()
+    expected = torch.zeros_like(features)
+    for b, (r, c) in enumerate(shift.tolist()):
+        expected[b, max(-r, 0) : 9 - max(r, 0), max(-c, 0) : 9 - max(c, 0)] = 1  # seen, moved
+    assert torch.equal(features.grad, expected)
+    assert int(seen.sum()) == int(expected[..., 0].sum())
 
 
 def test_masked_loss_averages_over_the_overlap_only():
