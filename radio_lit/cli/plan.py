@@ -26,6 +26,7 @@ import functools
 import inspect
 import itertools
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -179,6 +180,13 @@ def _calibrate(path: str, quick: bool) -> None:
     """``--calibrate FILE``: measure this device into FILE (:mod:`radio_lit.planning.calibrate`)."""
     from radio_lit.planning.calibrate import write_calibration
 
+    folder = Path(path).parent  # said before minutes of measuring, not after
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--calibrate {path}: cannot create its folder ({error})") from error
+    if Path(path).is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigError(f"--calibrate {path}: not a writable file path; pick another FILE")
     content = write_calibration(path, quick=quick)
     measured = content["measured"]
     print(

@@ -53,6 +53,26 @@ def _load(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
+def read_mapping(path: Path, option: str) -> dict[str, Any]:
+    """The mapping a user's YAML file ``path`` holds (``{}`` when empty); a file that is not
+    readable, not YAML or not a mapping is a :class:`ConfigError` naming ``option`` and the
+    place of the fault."""
+    try:
+        row = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{option} {path}: cannot be read ({error})") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{option} {path}: not valid YAML ({problem}{where})") from error
+    if row is not None and not isinstance(row, dict):
+        raise ConfigError(
+            f"{option} {path}: a YAML mapping of keys is expected, got a {type(row).__name__}"
+        )
+    return row or {}
+
+
 def device_names() -> list[str]:
     """The names ``--gpu`` accepts from the table."""
     return list(_load(DEVICES))
@@ -82,7 +102,7 @@ def device(name: str) -> Device:
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
         if not Path(name).is_file():
             raise ConfigError(f"--gpu {name}: no such file")
-        return _device(_load(Path(name)), name)
+        return _device(read_mapping(Path(name), "--gpu"), name)
     raise ConfigError(
         f"--gpu {name}: unknown GPU{did_you_mean(name, table)}; known: {', '.join(table)} "
         "(or a YAML file with a device's keys, radio_lit/planning/devices.yaml)"
@@ -144,21 +164,38 @@ SHIPPED = {"h100": CALIBRATION, "h200": HERE / "calibration-h200.yaml"}
 
 
 def calibration(path: Path = CALIBRATION) -> Calibration:
-    """A per-phase calibration file (``calibration.yaml``: the H100 run; the default)."""
-    row = _load(path)
-    base = device(row["device"])
-    peak = base.bf16_tflops * 1e12
+    """A per-phase calibration file (``calibration.yaml``: the H100 run; the default); one
+    without its keys is a :class:`ConfigError` naming them."""
+    row = read_mapping(path, "--calibration")
 
-    def efficiency(part: dict[str, float]) -> float:
-        return part["gflop"] * 1e9 / (part["ms"] / 1e3) / peak
+    def refused(reason: str) -> ConfigError:
+        return ConfigError(
+            f"--calibration {path}: not a per-phase calibration ({reason}); it needs device, "
+            "source, teachers and student {gflop, ms}, optimizer {parameters, ms}, rest {ms} "
+            "(as radio_lit/planning/calibration.yaml)"
+        )
 
-    moved = row["optimizer"]["parameters"] * OPTIMIZER_BYTES_PER_PARAMETER
-    optimizer = moved / (row["optimizer"]["ms"] / 1e3) / (base.memory_tb_per_s * 1e12)
-    return Calibration(
-        teacher_efficiency=efficiency(row["teachers"]),
-        student_efficiency=efficiency(row["student"]),
-        optimizer_efficiency=optimizer,
-        rest_ms=float(row["rest"]["ms"]),
-        source=f"{row['source']}, {row.get('date', '?')}, commit {row.get('commit', '?')}",
-        device=str(row["device"]),
-    )
+    missing = [
+        k for k in ("device", "source", "teachers", "student", "optimizer", "rest") if k not in row
+    ]
+    if missing:
+        raise refused(f"missing {', '.join(missing)}")
+    try:
+        base = device(row["device"])
+        peak = base.bf16_tflops * 1e12
+
+        def efficiency(part: dict[str, float]) -> float:
+            return part["gflop"] * 1e9 / (part["ms"] / 1e3) / peak
+
+        moved = row["optimizer"]["parameters"] * OPTIMIZER_BYTES_PER_PARAMETER
+        optimizer = moved / (row["optimizer"]["ms"] / 1e3) / (base.memory_tb_per_s * 1e12)
+        return Calibration(
+            teacher_efficiency=efficiency(row["teachers"]),
+            student_efficiency=efficiency(row["student"]),
+            optimizer_efficiency=optimizer,
+            rest_ms=float(row["rest"]["ms"]),
+            source=f"{row['source']}, {row.get('date', '?')}, commit {row.get('commit', '?')}",
+            device=str(row["device"]),
+        )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise refused(f"missing {error}" if isinstance(error, KeyError) else str(error)) from error

@@ -33,9 +33,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from radio_lit.core.errors import ConfigError
 from radio_lit.planning.counting import OTHER, OpRecord, StepCount
@@ -44,6 +41,7 @@ from radio_lit.planning.devices import (
     SHIPPED,
     Calibration,
     calibration,
+    read_mapping,
 )
 
 __all__ = ["TimeModel", "load_calibration", "load_time_model", "nearest"]
@@ -162,7 +160,7 @@ def load_time_model(path: str | Path) -> TimeModel:
         raise ConfigError(
             f"--calibration {path}: no such file (write one: radio-lit plan --calibrate)"
         )
-    row: Any = yaml.safe_load(where.read_text(encoding="utf-8")) or {}
+    row = read_mapping(where, "--calibration")
     needed = ["device", "gemm", "attention", "memory_gb_per_s", "op_us"]
     missing = [k for k in needed if k not in row]
     if missing:
@@ -170,22 +168,30 @@ def load_time_model(path: str | Path) -> TimeModel:
             f"--calibration {path}: missing {', '.join(missing)} (a file of radio-lit plan "
             "--calibrate)"
         )
-    measured = row.get("measured", {})
+    measured = row.get("measured") or {}
     source = f"{where.name}: {measured.get('date', '?')}, commit {measured.get('commit', '?')}"
-    return TimeModel(
-        device=str(row["device"]),
-        gemm={str(k): [list(map(float, r)) for r in v] for k, v in row["gemm"].items()},
-        attention={str(k): [list(map(float, r)) for r in v] for k, v in row["attention"].items()},
-        memory_gb_per_s=float(row["memory_gb_per_s"]),
-        op_us=float(row["op_us"]),
-        source=source,
-        copy_gb_per_s=float(row.get("copy_gb_per_s", 0.0)),
-        optimizer_gb_per_s=float(row.get("optimizer_gb_per_s", 0.0)),
-        fsdp2_us_per_tensor=float(row.get("fsdp2_us_per_tensor", 0.0)),
-        collectives={
-            str(k): [float(v) for v in r] for k, r in (row.get("collectives") or {}).items()
-        },
-    )
+    try:
+        return TimeModel(
+            device=str(row["device"]),
+            gemm={str(k): [list(map(float, r)) for r in v] for k, v in row["gemm"].items()},
+            attention={
+                str(k): [list(map(float, r)) for r in v] for k, v in row["attention"].items()
+            },
+            memory_gb_per_s=float(row["memory_gb_per_s"]),
+            op_us=float(row["op_us"]),
+            source=source,
+            copy_gb_per_s=float(row.get("copy_gb_per_s", 0.0)),
+            optimizer_gb_per_s=float(row.get("optimizer_gb_per_s", 0.0)),
+            fsdp2_us_per_tensor=float(row.get("fsdp2_us_per_tensor", 0.0)),
+            collectives={
+                str(k): [float(v) for v in r] for k, r in (row.get("collectives") or {}).items()
+            },
+        )
+    except (AttributeError, TypeError, ValueError) as error:
+        raise ConfigError(
+            f"--calibration {path}: a value is not what radio-lit plan --calibrate writes "
+            f"({error}); measure it again: radio-lit plan --calibrate {path}"
+        ) from error
 
 
 def load_calibration(given: str | None) -> Calibration | TimeModel:
@@ -195,6 +201,6 @@ def load_calibration(given: str | None) -> Calibration | TimeModel:
     if given is None or given.lower() in SHIPPED:
         return calibration(SHIPPED[(given or "h100").lower()])
     where = Path(given)
-    if where.is_file() and "teachers" in (yaml.safe_load(where.read_text(encoding="utf-8")) or {}):
+    if where.is_file() and "teachers" in read_mapping(where, "--calibration"):
         return calibration(where)
     return load_time_model(where)

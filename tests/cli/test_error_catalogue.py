@@ -33,8 +33,8 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 FIT = ["fit", "--config", QUICKSTART]
 
 #: name -> (command line, texts the message must contain). ``{tmp}`` is a scratch folder
-#: holding ``empty/`` (no images), ``corrupt/`` (two .jpg files of random bytes) and
-#: ``corrupt.ckpt`` (random bytes); ``FIT`` is
+#: holding ``empty/`` (no images), ``corrupt/`` (two .jpg files of random bytes),
+#: ``corrupt.ckpt`` (random bytes) and ``broken.yaml`` (YAML cut short); ``FIT`` is
 #: ``fit --config configs/quickstart.yaml``.
 CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "wrong class path": (
@@ -341,6 +341,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["ablate", "--row-se", "c-radio"],
         ["radio-lit ablate", "--row-se", "did you mean '--row-set'"],
     ),
+    "plan with a calibration file cut short": (
+        ["plan", "--config", QUICKSTART, "--calibration", "{tmp}/broken.yaml"],
+        ["--calibration", "broken.yaml: not valid YAML", "line 3, column 1"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],
@@ -360,6 +364,7 @@ def _bad_input(name: str, scratch: Path, env: dict[str, str]) -> BadInput:
     for image in ("a.jpg", "b.jpg"):
         (scratch / "corrupt" / image).write_bytes(os.urandom(2048))
     (scratch / "corrupt.ckpt").write_bytes(os.urandom(2048))
+    (scratch / "broken.yaml").write_text("device: cpu\ngemm: {float32: [[1, 2\n")
     argv = [a.replace("{tmp}", str(scratch)) for a in CATALOGUE[name][0]]
     outcome = forking.run(
         "radio_lit.cli.app:main", [argv], scratch / "forked", env=env, cwd=scratch

@@ -58,8 +58,9 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory) -> Path:
-    """``radio-lit plan --calibrate --quick`` of this CPU at one thread."""
-    path = tmp_path_factory.mktemp("calibration") / "cpu.yaml"
+    """``radio-lit plan --calibrate --quick`` of this CPU at one thread, into a folder that
+    does not exist yet (the command makes it)."""
+    path = tmp_path_factory.mktemp("calibration") / "new" / "cpu.yaml"
     command = [sys.executable, "-m", "radio_lit", "plan", "--calibrate", str(path), "--quick"]
     run = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

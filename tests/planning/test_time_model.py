@@ -87,6 +87,33 @@ def test_a_calibration_file_that_is_not_one_is_a_one_line_error(tmp_path):
     bad.write_text("device: x\n")
     with pytest.raises(ConfigError, match="missing gemm, attention, memory_gb_per_s, op_us"):
         load_time_model(bad)
+    bad.write_text("device: x\ngemm: {float32: [[1, 2\n")  # a file cut short
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML \(.* at line 3, column 1"):
+        load_time_model(bad)
+    bad.write_text("- device\n- gemm\n")
+    with pytest.raises(ConfigError, match="a YAML mapping of keys is expected, got a list"):
+        load_time_model(bad)
+    bad.write_text("device: x\ngemm: 3\nattention: {}\nmemory_gb_per_s: 1\nop_us: 2\n")
+    with pytest.raises(ConfigError, match="a value is not what radio-lit plan --calibrate writes"):
+        load_time_model(bad)
+
+
+def test_a_per_phase_calibration_or_gpu_file_that_is_not_one_is_a_one_line_error(tmp_path):
+    from radio_lit.planning.devices import device
+    from radio_lit.planning.time_model import load_calibration
+
+    phases = tmp_path / "phases.yaml"
+    phases.write_text("device: h100\nsource: a run\nteachers: {gflop: 1, ms: 2}\n")
+    with pytest.raises(
+        ConfigError, match=r"not a per-phase calibration \(missing student, optimizer, rest\)"
+    ):
+        load_calibration(str(phases))
+    phases.write_text("teachers: [1\n")
+    with pytest.raises(ConfigError, match="--calibration .*phases.yaml: not valid YAML"):
+        load_calibration(str(phases))
+    phases.write_text("[1, 2]\n")
+    with pytest.raises(ConfigError, match="--gpu .*phases.yaml: a YAML mapping of keys"):
+        device(str(phases))
 
 
 def test_calibration_names_a_shipped_gpu_run_or_a_file_and_says_its_basis(tmp_path):
