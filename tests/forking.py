@@ -16,9 +16,11 @@ import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,12 @@ PRELOAD = [
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)
+#: multiprocessing reads a forked process's exit status once, from a pipe, and polls every
+#: earlier child whenever it starts another: a thread that starts a process while another
+#: joins one can take that status first, and the joining thread then reads the pipe's end
+#: (exit code 255, seen on 3 % of fast processes started two at a time). Every call that
+#: polls (start, is_alive, join, exitcode) holds this lock; waiting for an end does not.
+_POLLING = threading.Lock()
 
 
 @dataclass
@@ -106,17 +114,20 @@ class Forked:
         return self.process.pid
 
     def alive(self) -> bool:
-        return self.process.is_alive()
+        with _POLLING:
+            return self.process.is_alive()
 
     def wait(self, deadline: float) -> Outcome:
         """Wait until ``deadline`` (``time.monotonic()``), kill the process if it is still
         running, and return how it ended."""
-        self.process.join(max(0.0, deadline - time.monotonic()))
-        if self.process.is_alive():
+        if not wait([self.process.sentinel], max(0.0, deadline - time.monotonic())):
             self.process.kill()
+            wait([self.process.sentinel])
+        with _POLLING:
             self.process.join()
+            code = self.process.exitcode
         seconds = float(self.seconds.read_text()) if self.seconds.is_file() else None
-        return Outcome(self.process.exitcode, self.out.read_text(), self.err.read_text(), seconds)
+        return Outcome(code, self.out.read_text(), self.err.read_text(), seconds)
 
 
 def start(
@@ -142,7 +153,8 @@ def start(
         target=_main,
         args=(function, list(args), environment, str(cwd), str(out), str(err), new_session),
     )
-    process.start()
+    with _POLLING:
+        process.start()
     return Forked(process, out, err)
 
 

@@ -106,7 +106,7 @@ def read_published(path: str | Path) -> Published:
         return _read_folder(path)
     if path.suffix == ".safetensors":
         if path.with_suffix(".json").is_file():  # radio-lit's safetensors export
-            config = json.loads(path.with_suffix(".json").read_text())
+            config = _load_json(path.with_suffix(".json"))
             state = _load_safetensors(path)
             return _published(path, "radio-lit export (safetensors)", config, state)
         if (path.parent / "config.json").is_file():
@@ -155,6 +155,16 @@ def _load_safetensors(path: Path) -> dict[str, Tensor]:
         raise ValueError(
             f"model.init_from: {path} cannot be read ({first[:160]}): it is truncated or "
             "corrupt (an interrupted download?), download it again"
+        ) from error
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:  # a download cut short
+        raise ValueError(
+            f"model.init_from: {path} cannot be read ({error}): it is truncated or corrupt (an "
+            "interrupted download?), download it again"
         ) from error
 
 
@@ -362,7 +372,7 @@ def _read_folder(folder: Path) -> Published:
     if not config_path.is_file():
         inside = _first(sorted(p.name for p in folder.iterdir()))
         raise refuse(folder, f"a folder without config.json, holding {inside}")
-    config = json.loads(config_path.read_text())
+    config = _load_json(config_path)
     if "radio" in config:  # radio-lit export --format hf
         from radio_lit.export.files import read_hf
 
@@ -387,7 +397,7 @@ def _folder_weights(folder: Path) -> dict[str, Tensor]:
     ``model.safetensors.index.json``), else ``pytorch_model.bin``."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(_load_json(index)["weight_map"].values()))
         return {k: v for shard in shards for k, v in _load_safetensors(folder / shard).items()}
     if (folder / _HF_WEIGHTS[0]).is_file():
         return _load_safetensors(folder / _HF_WEIGHTS[0])

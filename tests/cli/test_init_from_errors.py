@@ -24,7 +24,8 @@ WIDTHS = {"clip": (64, 32), "dino": (48, 48), "sam": (16, None)}
 
 #: name -> (the init_from value, texts the message must contain); ``{tmp}`` is the scratch
 #: folder with ``quickstart.pth`` (the quickstart's student in NVlabs' layout, but a DINO
-#: head 7 wide), ``truncated.pth`` (its first half) and ``other.pth`` (no RADIO model).
+#: head 7 wide), ``truncated.pth`` (its first half), ``other.pth`` (no RADIO model) and
+#: ``cut/`` (a Hugging Face folder of NVlabs' layout whose ``config.json`` stops mid-way).
 CASES = {
     "no RADIO model": (
         "{tmp}/other.pth",
@@ -33,6 +34,10 @@ CASES = {
     "a truncated download": (
         "{tmp}/truncated.pth",
         ["model.init_from", "truncated.pth", "cannot be read", "download it again"],
+    ),
+    "a Hugging Face folder whose config.json was cut short": (
+        "{tmp}/cut",
+        ["model.init_from", "cut/config.json", "cannot be read", "download it again"],
     ),
     "a head width that disagrees with the run's teacher": (
         "{tmp}/quickstart.pth",
@@ -79,6 +84,8 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[forking.Outcome, Path]]:
     data = (root / "quickstart.pth").read_bytes()
     (root / "truncated.pth").write_bytes(data[: len(data) // 2])
     torch.save({"encoder": {"weight": torch.zeros(2)}}, root / "other.pth")
+    (root / "cut").mkdir()
+    (root / "cut" / "config.json").write_text('{"args": {"model": "vit_huge_patch16_224", "pat')
     env = {k: v for k, v in os.environ.items() if k != TRACEBACK_ENV}
     forking.ensure_server()
 
