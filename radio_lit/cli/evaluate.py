@@ -38,6 +38,7 @@ from jsonargparse import ArgumentParser
 from tqdm.auto import tqdm
 
 from radio_lit.core.errors import ConfigError, checkpoint_file, with_suggestions
+from radio_lit.core.yaml_files import read_mapping
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.knn import KNNClassification
 from radio_lit.evaluation.pca import PCAFeatureImages
@@ -165,8 +166,12 @@ def _run_cli(run_config: str) -> Any:
             f"--run_config: the run's config {path} does not exist; give --run_config "
             "(radio-lit fit writes config.yaml next to the run's checkpoints/ folder)"
         )
-    config = yaml.safe_load(path.read_text())
-    config = {k: v for k, v in config.items() if k in _RUN_KEYS}
+    config = {k: v for k, v in read_mapping(path, "--run_config").items() if k in _RUN_KEYS}
+    if not isinstance(config.get("model"), dict):
+        raise ConfigError(
+            f"--run_config {path}: no model section; give the run's own config.yaml (radio-lit "
+            "fit writes it next to the run's checkpoints/ folder)"
+        )
     args = ["--config", yaml.safe_dump(config), "--trainer.logger", "false"]
     with warnings.catch_warnings():  # args= is given on purpose, beside `radio-lit evaluate`
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")

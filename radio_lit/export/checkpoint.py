@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import Tensor
 
+from radio_lit.core.yaml_files import read_mapping
 from radio_lit.export.convert import inference_model, teacher_entry, teacher_slots, token_slots
 from radio_lit.export.head_spaces import ImportedHeads
 from radio_lit.export.model import RadioLitModel
@@ -195,8 +195,7 @@ def _model_options(config: Path) -> tuple[Any, dict[str, Any]]:
     """The instantiated export options of ``config``'s ``model`` section, and its teachers."""
     from jsonargparse import ArgumentParser
 
-    raw = yaml.safe_load(config.read_text()) or {}
-    model = dict(raw.get("model") or {})
+    model = dict(read_mapping(config, "--config").get("model") or {})
     teachers = model.get("teachers")
     if not teachers or "student" not in model:
         raise ValueError(

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from radio_lit.core.errors import ConfigError, did_you_mean
+from radio_lit.core.yaml_files import read_mapping
 
 __all__ = ["Calibration", "Device", "calibration", "device", "device_names"]
 
@@ -51,26 +52,6 @@ class Device:
 
 def _load(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-
-
-def read_mapping(path: Path, option: str) -> dict[str, Any]:
-    """The mapping a user's YAML file ``path`` holds (``{}`` when empty); a file that is not
-    readable, not YAML or not a mapping is a :class:`ConfigError` naming ``option`` and the
-    place of the fault."""
-    try:
-        row = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{option} {path}: cannot be read ({error})") from error
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"{option} {path}: not valid YAML ({problem}{where})") from error
-    if row is not None and not isinstance(row, dict):
-        raise ConfigError(
-            f"{option} {path}: a YAML mapping of keys is expected, got a {type(row).__name__}"
-        )
-    return row or {}
 
 
 def device_names() -> list[str]:

@@ -8,7 +8,8 @@ import pytest
 
 import radio_lit
 from radio_lit.cli.app import main
-from radio_lit.cli.evaluate import _measures, _runnable
+from radio_lit.cli.evaluate import _measures, _run_cli, _runnable
+from radio_lit.core.errors import ConfigError
 from radio_lit.evaluation import KNNClassification
 from radio_lit.evaluation.view import ModelView, module_view
 from radio_lit.export import module_inference_model, save_safetensors
@@ -76,6 +77,22 @@ def test_a_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
         main(["evaluate", "--ckpt_path", str(tmp_path / "last.ckpt")])
     assert stopped.value.code == 2
     assert "radio-lit: error: --ckpt_path: checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("trainer:\n  max_steps: [1\n", r"not valid YAML \(.* at line 3, column 1\)"),
+        ("- trainer\n- model\n", "a YAML mapping of keys is expected, got a list"),
+        ("seed_everything: 0\ntrainer:\n  max_steps: 3\n", "no model section"),
+    ],
+    ids=["cut short", "a list", "no model"],
+)
+def test_a_run_config_that_is_no_run_config_is_one_line(tmp_path, text, expected):
+    given = tmp_path / "config.yaml"
+    given.write_text(text)
+    with pytest.raises(ConfigError, match=f"--run_config {given}: {expected}"):
+        _run_cli(str(given))
 
 
 def test_it_says_which_measures_run_and_why_any_is_skipped(tmp_path, capsys):

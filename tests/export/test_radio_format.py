@@ -182,6 +182,18 @@ def test_an_output_blocked_by_a_file_is_named_in_one_line(trained, tmp_path: Pat
     assert f"--output: cannot write into {tmp_path}/models/v1: {tmp_path}/models is a file" in error
 
 
+def test_a_config_cut_short_is_named_in_one_line(trained, tmp_path: Path, capsys) -> None:
+    checkpoint = saved_run(trained, tmp_path / "version_0")
+    config = tmp_path / "edited.yaml"
+    config.write_text("model:\n  student: {class_path: radio_lit.students.CPEViT\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", str(checkpoint), "--config", str(config)])
+    assert stopped.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert f"--config {config}: not valid YAML (" in error
+    assert "at line 3, column 1)" in error
+
+
 def test_a_base_without_class_token_is_refused_for_radio_in_one_line(
     trained, tmp_path: Path, capsys
 ) -> None:
