@@ -75,6 +75,7 @@ from radio_lit.ablation.progress import Progress, RowState, clock
 from radio_lit.ablation.rows import ROW_SETS, Prerequisite, Row, RowSet, resolve_rows
 from radio_lit.ablation.tables import all_tables, write_csv
 from radio_lit.core.errors import CommandParser
+from radio_lit.core.yaml_files import config_files, read_mapping
 
 __all__ = ["main", "run_ablation"]
 
@@ -165,6 +166,8 @@ def main(argv: Sequence[str]) -> None:
         parser.error(f"--rows: {err}")
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    for given in config_files(overrides):  # every row reads them: said once, before any
+        read_mapping(Path(given), "--config")
     if args.cache is not None and not row_set.cacheable:
         parser.error(
             f"--cache: the {row_set.name} rows shift the teachers' views every step "

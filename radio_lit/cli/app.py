@@ -351,13 +351,10 @@ def _names_a_module(command_line: Sequence[str]) -> bool:
     parsed as a class of its own rather than as :class:`DistillationModule`'s arguments."""
     import yaml
 
-    files = [
-        arg.split("=", 1)[1] if arg.startswith("--config=") else command_line[i + 1]
-        for i, arg in enumerate(command_line)
-        if (arg == "--config" and i + 1 < len(command_line)) or arg.startswith("--config=")
-    ]
+    from radio_lit.core.yaml_files import config_files
+
     names = False
-    for path in files:
+    for path in config_files(command_line):
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import yaml
 
 from radio_lit.core.errors import ConfigError
 
-__all__ = ["read_mapping"]
+__all__ = ["config_files", "read_mapping"]
 
 
 def read_mapping(path: Path, option: str) -> dict[str, Any]:
@@ -17,7 +18,8 @@ def read_mapping(path: Path, option: str) -> dict[str, Any]:
     readable, not YAML or not a mapping is a :class:`ConfigError` naming ``option`` and the
     place of the fault."""
     try:
-        row = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where built
+        row = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{option} {path}: cannot be read ({error})") from error
     except yaml.YAMLError as error:
@@ -30,3 +32,12 @@ def read_mapping(path: Path, option: str) -> dict[str, Any]:
             f"{option} {path}: a YAML mapping of keys is expected, got a {type(row).__name__}"
         )
     return row or {}
+
+
+def config_files(command_line: Sequence[str]) -> list[str]:
+    """The files that a command line's ``--config FILE`` and ``--config=FILE`` name, in order."""
+    return [
+        arg.split("=", 1)[1] if arg.startswith("--config=") else command_line[i + 1]
+        for i, arg in enumerate(command_line)
+        if (arg == "--config" and i + 1 < len(command_line)) or arg.startswith("--config=")
+    ]

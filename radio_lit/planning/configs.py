@@ -8,16 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from radio_lit.core.yaml_files import read_mapping
+
 __all__ = ["load_config", "merged"]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """One YAML file as a mapping (libyaml's loader when there; ``{}`` for an empty file)."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
-    return loaded if isinstance(loaded, dict) else {}
+    """One YAML file as a mapping (``{}`` for an empty file); one that is not is a
+    :class:`~radio_lit.core.errors.ConfigError` naming it."""
+    return read_mapping(Path(path), "--config")
 
 
 def merged(files: Sequence[str | Path]) -> dict[str, Any]:

@@ -345,6 +345,14 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["plan", "--config", QUICKSTART, "--calibration", "{tmp}/broken.yaml"],
         ["--calibration", "broken.yaml: not valid YAML", "line 3, column 1"],
     ),
+    "plan with a config cut short": (
+        ["plan", "--config", "{tmp}/broken.yaml"],
+        ["--config", "broken.yaml: not valid YAML", "line 3, column 1"],
+    ),
+    "ablate with a config cut short, said before any row runs": (
+        ["ablate", "--rows", "mse", "--config", "{tmp}/broken.yaml"],
+        ["--config", "broken.yaml: not valid YAML", "line 3, column 1"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],
