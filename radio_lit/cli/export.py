@@ -43,6 +43,9 @@ FORMAT_SUFFIXES = {
     "timm": ("",),
 }
 
+#: The last suffixes of the files :data:`FORMAT_SUFFIXES` names, taken off a given ``--output``.
+_FILE_SUFFIXES = {s for written in FORMAT_SUFFIXES.values() for s in written if s.count(".") == 1}
+
 
 def outputs(fmt: str, stem: Path) -> list[Path]:
     """The paths ``--format fmt`` writes for the output ``stem``; for a format missing from
@@ -78,7 +81,8 @@ def main(argv: list[str]) -> None:
         type=Path,
         default=None,
         help="output path without suffix (default: <run>/export/<checkpoint name>, -ema "
-        "added with --ema); the folder for --format hf or timm (default: that path with -hf or "
+        "added with --ema; a .pth, .safetensors, .json or .onnx given is taken off: model.pth "
+        "writes model.pth); the folder for --format hf or timm (default: that path with -hf or "
         "-timm added)",
     )
     parser.add_argument(
@@ -131,6 +135,8 @@ def main(argv: list[str]) -> None:
     if args.name is not None and args.format != "hf":
         parser.error("--name: only --format hf writes a model card to name")
     stem = args.output or default_output(args.checkpoint, args.format, args.ema)
+    if args.format not in ("hf", "timm") and stem.suffix in _FILE_SUFFIXES:
+        stem = stem.with_suffix("")  # --output model.pth: the stem model, not model.pth.pth
     option = "--output" if args.output is not None else "checkpoint"
     _check_folder(stem if args.format in ("hf", "timm") else stem.parent, option)
     checkpoint_file(args.checkpoint, "checkpoint")

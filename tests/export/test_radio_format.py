@@ -165,6 +165,9 @@ def test_export_subcommand_writes_both_formats(trained, tmp_path: Path, capsys) 
         with torch.no_grad():
             outputs = radio_lit.load(path)(images)
         torch.testing.assert_close(outputs["sam"].features, own["sam"][1], rtol=1e-4, atol=1e-4)
+    main(["export", str(checkpoint), "--output", str(tmp_path / "named.pth")])  # its suffix
+    written = capsys.readouterr().out.split()
+    assert [Path(p).name for p in written] == ["named.pth", "named.safetensors", "named.json"]
     checkpoint.rename(tmp_path / "elsewhere.ckpt")
     with pytest.raises(SystemExit) as stopped:
         main(["export", str(tmp_path / "elsewhere.ckpt")])
