@@ -54,7 +54,7 @@ from radio_lit.planning.plan import (
 )
 from radio_lit.planning.random_weights import random_weight_overrides, shorten_trunk
 from radio_lit.planning.repeated_blocks import BlockRecords
-from radio_lit.planning.time_model import load_calibration
+from radio_lit.planning.time_model import TimeModel, load_calibration
 from radio_lit.planning.verdict import assumptions, packed_assumption
 
 __all__ = ["main"]
@@ -138,6 +138,8 @@ def main(argv: Sequence[str]) -> None:
         parser.error("one of --config, --stages or --calibrate is required")
     gpu = device(args.gpu)
     fit = load_calibration(args.calibration)
+    if isinstance(fit, TimeModel):  # a file of another GPU of devices.yaml: to --gpu's peaks
+        fit = fit.on(args.gpu)
     if args.gpus is not None and min(args.gpus) < 1:
         parser.error(f"--gpus must be positive numbers of GPUs, got {args.gpus}")
     if args.step is not None and args.step < 0:

@@ -24,11 +24,17 @@ A roofline with measured efficiencies, per operation the step counted
 
 A dtype the file did not measure is priced at the closest one it did (float16 for bfloat16
 and back, else float32), and said so (``extrapolated``).
+
+A file measured on one GPU of ``devices.yaml`` and planned for another is scaled by the two
+GPUs' peaks (:meth:`TimeModel.on`), as the shipped per-phase calibrations are; one measured on
+a device the table lacks (a CPU) prices its own rates, and the plan says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,10 +47,12 @@ from radio_lit.planning.devices import (
     SHIPPED,
     Calibration,
     calibration,
+    device,
+    device_names,
     read_mapping,
 )
 
-__all__ = ["TimeModel", "load_calibration", "load_time_model", "nearest"]
+__all__ = ["TimeModel", "load_calibration", "load_time_model", "measured_gpu", "nearest"]
 
 #: Other dtypes to price an unmeasured one at, in order.
 _FALLBACK = {"bfloat16": ["float16", "float32"], "float16": ["bfloat16", "float32"]}
@@ -66,6 +74,14 @@ def nearest(points: Sequence[Sequence[float]], where: Sequence[float]) -> float:
     return sum(w * v for w, v in weights) / sum(w for w, _ in weights)
 
 
+def measured_gpu(name: str) -> str | None:
+    """The key of ``devices.yaml``'s GPU that the device ``name`` (``torch.cuda``'s) is, as a
+    word of it: ``h100`` for ``NVIDIA H100 80GB HBM3`` (not ``h200`` for a GH200); ``None`` for
+    a device the table lacks (a CPU, another GPU)."""
+    lower = name.lower()
+    return next((k for k in device_names() if re.search(rf"\b{re.escape(k)}\b", lower)), None)
+
+
 @dataclass(frozen=True)
 class TimeModel:
     """A device's measured curves (the calibration file's keys).
@@ -85,6 +101,8 @@ class TimeModel:
         fsdp2_us_per_tensor: FSDP2's host microseconds per sharded parameter tensor and step
             beyond its collectives (gloo on a CPU; 0: not measured, as on CUDA, where the
             host's work overlaps the GPU's).
+        scaled_to: the GPU key (``devices.yaml``) whose peaks the rates were scaled to from
+            the measured GPU's (:meth:`on`); empty: the rates as measured.
     """
 
     device: str
@@ -98,6 +116,36 @@ class TimeModel:
     copy_gb_per_s: float = 0.0
     optimizer_gb_per_s: float = 0.0
     fsdp2_us_per_tensor: float = 0.0
+    scaled_to: str = ""
+
+    def on(self, gpu: str) -> TimeModel:
+        """This model for the GPU ``gpu`` (a ``devices.yaml`` key): itself where that GPU
+        measured it, or where the measured device or ``gpu`` is not in the table (a CPU, a
+        ``--gpu`` file); else its rates scaled by the two GPUs' peaks [choice: the shipped
+        per-phase calibrations' extrapolation]: matrix products and attention kernels (of
+        every dtype) by the dense bf16 peaks' ratio, the other operations, copies and the
+        optimizer by the memory bandwidths'; the host's cost per operation and FSDP2's per
+        tensor as measured (a host's, not a GPU's)."""
+        measured, planned = measured_gpu(self.device), gpu.lower()
+        if measured is None or measured == planned or planned not in device_names():
+            return self
+        source, target = device(measured), device(planned)
+        compute = target.bf16_tflops / source.bf16_tflops
+        memory = target.memory_tb_per_s / source.memory_tb_per_s
+
+        def scaled(table: dict[str, list[list[float]]]) -> dict[str, list[list[float]]]:
+            return {k: [[*r[:-1], r[-1] * compute] for r in rows] for k, rows in table.items()}
+
+        return dataclasses.replace(
+            self,
+            gemm=scaled(self.gemm),
+            attention=scaled(self.attention),
+            memory_gb_per_s=self.memory_gb_per_s * memory,
+            copy_gb_per_s=self.copy_gb_per_s * memory,
+            optimizer_gb_per_s=self.optimizer_gb_per_s * memory,
+            extrapolated=set(),
+            scaled_to=planned,
+        )
 
     def _rows(self, table: Mapping[str, list[list[float]]], dtype: str, what: str) -> list:
         if dtype in table:

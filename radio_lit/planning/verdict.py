@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from radio_lit.planning.time_model import TimeModel
+from radio_lit.planning.time_model import TimeModel, measured_gpu
 
 __all__ = [
     "TIME_CHECKS",
@@ -161,19 +161,20 @@ def assumptions(
 
 def _measured_on(calibration: Any, gpu_key: str) -> bool:
     """Whether ``calibration`` was measured on the planned GPU (its device named by the GPU's
-    key in ``devices.yaml``: ``h100`` in ``NVIDIA H100 80GB HBM3``)."""
-    return gpu_key.lower() in (getattr(calibration, "device", "") or "").lower()
+    key in ``devices.yaml`` as a word: ``h100`` in ``NVIDIA H100 80GB HBM3``)."""
+    return measured_gpu(getattr(calibration, "device", "") or "") == gpu_key.lower()
 
 
 def _on(calibration: Any, gpu_key: str) -> str:
     """How a calibration's figures reach the planned GPU: measured there, extrapolated by the
-    GPUs' peaks (a per-phase calibration), or priced at another device's measured rates as
-    they are (a :class:`~radio_lit.planning.time_model.TimeModel`: it is not scaled)."""
+    GPUs' peaks (a per-phase calibration, or a file of another GPU of ``devices.yaml``:
+    :meth:`~radio_lit.planning.time_model.TimeModel.on`), or priced at a device's measured
+    rates as they are (a file of a device the table lacks: it is not scaled)."""
     if _measured_on(calibration, gpu_key):
         return "the planned GPU"
-    if isinstance(calibration, TimeModel):
+    if isinstance(calibration, TimeModel) and not calibration.scaled_to:
         return f"not the planned {gpu_key}: its measured rates priced as they are, not scaled"
-    return f"extrapolated to {gpu_key}"
+    return f"extrapolated to {gpu_key} by the two GPUs' peaks"
 
 
 def basis(device_name: str, calibration: Any, gpu_key: str) -> dict[str, str]:
@@ -183,7 +184,7 @@ def basis(device_name: str, calibration: Any, gpu_key: str) -> dict[str, str]:
     if not _measured_on(calibration, gpu_key):
         where += (
             f"; not scaled to {device_name} (a step of the calibrated device)"
-            if isinstance(calibration, TimeModel)
+            if isinstance(calibration, TimeModel) and not calibration.scaled_to
             else f"; extrapolated to {device_name} by its peaks"
         )
     checks = ", ".join(f"{r:.2f}x" for r in TIME_CHECKS.values())

@@ -158,16 +158,48 @@ def test_the_optimizer_runs_at_its_measured_rate_and_fsdp2_costs_per_tensor():
     assert no_copy == pytest.approx(28e6 / 100e9 * 1e3)  # nor a copy: memory_gb_per_s
 
 
-def test_a_measured_calibration_says_whether_it_is_the_planned_gpus_and_is_never_scaled():
-    """A calibration file prices at its device's measured rates as they are: of the planned
-    GPU when that GPU measured it (``torch.cuda.get_device_name``'s name holds the GPU's key),
-    else said so, not called an extrapolation (a per-phase calibration's is:
-    ``test_loop_step.py``)."""
+def test_a_measured_calibration_says_whether_it_is_the_planned_gpus():
+    """A calibration file prices at its device's measured rates: of the planned GPU when that
+    GPU measured it (``torch.cuda.get_device_name``'s name holds the GPU's key), else, from a
+    device ``devices.yaml`` lacks (a CPU), as they are, and said so; not called an
+    extrapolation (a per-phase calibration's is: ``test_loop_step.py``)."""
     name = "NVIDIA H100 80GB HBM3 (SXM5)"
-    on_h100 = basis(name, _model(device="NVIDIA H100 80GB HBM3"), "h100")["step time"]
-    assert on_h100.startswith("measured on NVIDIA H100 80GB HBM3 (hand-made); range from")
-    on_cpu = basis(name, _model(device="x86_64"), "h100")["step time"]
-    assert f"not scaled to {name}" in on_cpu and "extrapolated" not in on_cpu
+    on_h100 = _model(device="NVIDIA H100 80GB HBM3")
+    assert on_h100.on("h100") is on_h100
+    assert basis(name, on_h100, "h100")["step time"].startswith(
+        "measured on NVIDIA H100 80GB HBM3 (hand-made); range from"
+    )
+    on_cpu = _model(device="x86_64")
+    assert on_cpu.on("h100") is on_cpu
+    assert f"not scaled to {name}" in basis(name, on_cpu, "h100")["step time"]
+    assert "extrapolated" not in basis(name, on_cpu, "h100")["step time"]
+    grace = _model(device="NVIDIA GH200 480GB")  # a word of its name, not a part of one
+    assert grace.on("h100") is grace
+
+
+def test_a_file_measured_on_one_gpu_plans_another_by_the_two_gpus_peaks():
+    """Calibrate on the GPU you have, plan for the one you want: an H200's file planned for a
+    B200 prices its products at 2250 / 989 of the H200's rates and its memory-bound operations
+    at 8.0 / 4.8 of its bandwidth (devices.yaml's datasheet rows), the host's cost as
+    measured; the plan says it was extrapolated."""
+    from radio_lit.planning.counting import OpRecord
+
+    h200 = _model(device="NVIDIA H200", optimizer_gb_per_s=40.0)
+    b200 = h200.on("b200")
+    assert b200.scaled_to == "b200" and h200.scaled_to == ""
+    ops = OpRecord()
+    ops.gemms[("student forward", 1024, 1024, 1024, "float32")] = 2e12
+    ops.moved["other"] = 4e9
+    ops.calls["other"] = 1000
+    before, after = h200.price(ops), b200.price(ops)
+    assert after["student forward"] == pytest.approx(before["student forward"] * 989 / 2250)
+    host = 1000 * 5.0e-3  # ms: op_us as measured
+    assert after["other"] - host == pytest.approx((before["other"] - host) * 4.8 / 8.0)
+    optimizer = [m.times({}, 1_000_000)["optimizer"] for m in (h200, b200)]
+    assert optimizer[1] == pytest.approx(optimizer[0] * 4.8 / 8.0)
+    step = basis("NVIDIA B200 (HGX)", b200, "b200")["step time"]
+    assert step.startswith("measured on NVIDIA H200 (hand-made); extrapolated to NVIDIA B200")
+    assert "not scaled" not in step
 
 
 @pytest.mark.gpu
