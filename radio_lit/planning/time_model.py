@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from radio_lit.core.errors import ConfigError
+from radio_lit.core.yaml_files import read_mapping
 from radio_lit.planning.counting import OTHER, OpRecord, StepCount
 from radio_lit.planning.devices import (
     OPTIMIZER_BYTES_PER_PARAMETER,
@@ -49,7 +50,6 @@ from radio_lit.planning.devices import (
     calibration,
     device,
     device_names,
-    read_mapping,
 )
 
 __all__ = ["TimeModel", "load_calibration", "load_time_model", "measured_gpu", "nearest"]
