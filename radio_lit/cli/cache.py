@@ -23,7 +23,7 @@ from radio_lit.cache.grouping import train_steps
 from radio_lit.cache.manifest import DTYPES
 from radio_lit.cache.writer import write_cache
 from radio_lit.cli.app import RadioLitCLI
-from radio_lit.core.errors import CommandParser
+from radio_lit.core.errors import CommandParser, device_option
 from radio_lit.core.executable import executable
 
 __all__ = ["fit_command", "main", "run_extent"]
@@ -71,6 +71,10 @@ def main(argv: Sequence[str]) -> None:
         parser.error(
             f"--shard-index {args.shard_index} must lie in [0, --num-shards {args.num_shards})"
         )
+    if args.samples_per_shard is not None and args.samples_per_shard < 1:
+        parser.error(f"--samples-per-shard must be at least 1, got {args.samples_per_shard}")
+    if args.device is not None:
+        device_option(args.device)
     for config in args.config:
         if not Path(config).is_file():
             parser.error(f"--config {config}: no such config file")

@@ -37,7 +37,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from tqdm.auto import tqdm
 
-from radio_lit.core.errors import ConfigError, checkpoint_file, with_suggestions
+from radio_lit.core.errors import ConfigError, checkpoint_file, device_option, with_suggestions
 from radio_lit.core.yaml_files import read_mapping
 from radio_lit.evaluation.base import Evaluation, Report, write_report
 from radio_lit.evaluation.knn import KNNClassification
@@ -93,7 +93,7 @@ def evaluate(argv: Sequence[str]) -> list[tuple[str, float]]:
     options = parser().parse_args(args)
     if (options.ckpt_path is None) == (options.model_path is None):
         raise ConfigError("radio-lit evaluate: give exactly one of --ckpt_path or --model_path")
-    device = torch.device(options.device)
+    device = device_option(options.device)
     run_config = options.run_config
     if options.ckpt_path is not None:
         checkpoint = checkpoint_file(options.ckpt_path, "--ckpt_path")

@@ -45,7 +45,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
-from radio_lit.core.errors import CommandParser, ConfigError, checkpoint_file
+from radio_lit.core.errors import CommandParser, ConfigError, checkpoint_file, device_option
 from radio_lit.data.image_folder import list_images, resolve_image_root
 from radio_lit.data.shards import decode_image, existing_shard_urls
 from radio_lit.data.transforms import UnreadableImageError, load_rgb
@@ -287,6 +287,7 @@ def main(argv: Sequence[str]) -> None:
     for option in ("batch_size", "images_per_shard"):
         if getattr(args, option) < 1:
             raise ConfigError(f"--{option} must be positive, got {getattr(args, option)}")
+    device = device_option(args.device)
     if args.output.exists() and not args.output.is_dir():
         raise ConfigError(f"--output: {args.output} is a file; give a folder for the shards")
     if not args.overwrite:
@@ -299,7 +300,7 @@ def main(argv: Sequence[str]) -> None:
         model = radio_lit.load(source, pad=args.pad)
     extras = model.config["radio_lit"]
     size = _resolution(args.resolution, extras, args.pad)
-    model = model.to(torch.device(args.device))
+    model = model.to(device)
     if args.images is not None:
         total: int | None = len(list_images(args.images))
         images = folder_images(args.images)

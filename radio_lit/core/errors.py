@@ -279,6 +279,27 @@ def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
     return file
 
 
+def device_option(value: str, option: str = "--device") -> Any:
+    """``value`` as a ``torch.device`` this machine has, else a :class:`ConfigError` naming
+    ``option``: a name torch cannot read (``gpu``), a CUDA device where none is visible, or an
+    index beyond the visible ones."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as error:
+        raise ConfigError(f"{option} {value!r}: not a device; give cpu, cuda or cuda:N") from error
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ConfigError(f"{option} {value}: no CUDA device is visible here; give cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"{option} {value}: {count} CUDA device(s) visible here, cuda:0 to cuda:{count - 1}"
+            )
+    return device
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the known names closest to ``name``, else ``""``.
 

@@ -353,6 +353,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["ablate", "--rows", "mse", "--config", "{tmp}/broken.yaml"],
         ["--config", "broken.yaml: not valid YAML", "line 3, column 1"],
     ),
+    "cache with no sample a shard": (
+        ["cache", "--config", QUICKSTART, "--out", "{tmp}/cache", "--samples-per-shard", "0"],
+        ["radio-lit cache", "--samples-per-shard must be at least 1", "got 0"],
+    ),
     "predict with an abbreviated option": (
         ["predict", "--model_path", "{tmp}/m.safetensors", "--images", "{tmp}"]
         + ["--output", "{tmp}/o", "--batch_siz", "4"],

@@ -159,6 +159,9 @@ def test_predict_from_a_checkpoint_over_shards_at_a_given_resolution(run, tmp_pa
         (["--resolution", "70"], "not a multiple of the patch size 16"),
         (["--batch_size", "0"], "--batch_size must be positive"),
         (["--batch_sz", "4"], "did you mean '--batch_size'"),
+        (["--device", "gpu"], "--device 'gpu': not a device; give cpu, cuda or cuda:N"),
+        # one CUDA device more than this machine has: none on a CPU, cuda:N on a GPU machine
+        (["--device", f"cuda:{torch.cuda.device_count()}"], "CUDA device"),
     ],
 )
 def test_bad_predict_arguments_get_one_line(run, tmp_path, capsys, args, message):
