@@ -22,7 +22,10 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import torch
 
 #: Environment variable that makes ``radio-lit`` print full tracebacks.
 TRACEBACK_ENV = "RADIO_LIT_TRACEBACK"
@@ -279,7 +282,7 @@ def checkpoint_file(path: str | os.PathLike[str], option: str) -> Path:
     return file
 
 
-def device_option(value: str, option: str = "--device") -> Any:
+def device_option(value: str, option: str = "--device") -> torch.device:
     """``value`` as a ``torch.device`` this machine has, else a :class:`ConfigError` naming
     ``option``: a name torch cannot read (``gpu``), a CUDA device where none is visible, or an
     index beyond the visible ones."""
