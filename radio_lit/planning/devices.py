@@ -3,11 +3,10 @@ them (``calibration.yaml``), both data files beside this module, each row with i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from radio_lit.core.errors import ConfigError, did_you_mean
 from radio_lit.core.yaml_files import read_mapping
@@ -50,13 +49,15 @@ class Device:
         return self.node_gb_per_s if ranks <= self.gpus_per_node else self.network_gb_per_s
 
 
-def _load(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+@functools.cache
+def _table() -> dict[str, Any]:
+    """``devices.yaml``'s rows, read once."""
+    return read_mapping(DEVICES, "devices.yaml")
 
 
 def device_names() -> list[str]:
     """The names ``--gpu`` accepts from the table."""
-    return list(_load(DEVICES))
+    return list(_table())
 
 
 def _device(row: Any, where: str) -> Device:
@@ -77,7 +78,7 @@ def _device(row: Any, where: str) -> Device:
 def device(name: str) -> Device:
     """The table's row ``name`` (``h100``…), or a YAML file of one row's keys; an unknown name
     is a :class:`ConfigError` naming the closest and every known one."""
-    table = _load(DEVICES)
+    table = _table()
     if name.lower() in table:
         return _device(table[name.lower()], name)
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
